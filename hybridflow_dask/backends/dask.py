@@ -1,0 +1,384 @@
+"""``DaskBackend``: ranks live in Dask worker processes, calls are pinned Dask tasks.
+
+Every call is a task pinned to its rank's worker, keyed ``"{group}.{method}-<id>"`` so
+the dashboard's task stream shows calls by role and method, and its result stays on
+that worker as an ordinary ``distributed.Future`` until someone needs it. Driver data is
+scattered straight to the worker that needs it; futures passed between groups move
+worker to worker. Worker deaths are learnt from the scheduler's ``remove-worker``
+events, so calls on a dead rank fail within a fraction of a second instead of hanging.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from dask.sizeof import sizeof
+from distributed import Client, Future, fire_and_forget, wait
+
+from . import dask_serialization  # noqa: F401  (registers the DataProto serializers)
+from .base import InstanceRef, Slot, WorkerLostError
+from .dask_cluster import ClusterChoice, start_local_cluster
+from .dask_host import (
+    InstanceHost,
+    create_instance,
+    destroy_instance,
+    probe_worker,
+    run_call,
+    skip_call,
+    worker_port,
+)
+from .dask_placement import WorkerInfo, assign_slots
+
+__all__ = ["DaskBackend"]
+
+logger = logging.getLogger(__name__)
+
+#: Arguments bigger than this are scattered to their worker rather than sent in the graph.
+SCATTER_BYTES = 64 * 1024
+#: How often a waiting ``gather`` looks for dead workers.
+POLL_S = 0.1
+GROUP_DATASET = "hybridflow-group-"
+
+
+class DaskBackend:
+    """Runs ranks on a Dask cluster: owned local, attached by address, or given.
+
+    ``DaskBackend()`` starts a local cluster (``LocalCUDACluster`` when GPUs and
+    dask-cuda are there, else ``LocalCluster``) grown to the slots pools need;
+    ``address=`` attaches to a running scheduler; ``cluster=`` or ``client=`` use any
+    Dask cluster object (dask-jobqueue, dask-kubernetes, ...). ``shutdown()`` stops only
+    what this backend started.
+    """
+
+    def __init__(
+        self,
+        address: str | None = None,
+        cluster: Any = None,
+        client: Client | None = None,
+        **cluster_kwargs: Any,
+    ) -> None:
+        if sum(x is not None for x in (address, cluster, client)) > 1:
+            raise ValueError("pass at most one of address=, cluster=, client=")
+        if cluster_kwargs and (address or cluster or client):
+            raise ValueError(
+                f"cluster keyword arguments {sorted(cluster_kwargs)} only apply to a cluster "
+                "the backend starts itself"
+            )
+        self._owned_cluster = None
+        self.choice: ClusterChoice | None = None
+        if client is not None:
+            self.client, self._owns_client = client, False
+        else:
+            if cluster is None and address is None:
+                n = cluster_kwargs.pop("n_workers", 0)
+                cluster, self.choice = start_local_cluster(n, **cluster_kwargs)
+                self._owned_cluster = cluster
+            target = address if address is not None else cluster
+            self.client = Client(target, set_as_default=False, direct_to_workers=True)
+            self._owns_client = True
+        self.cluster = cluster if cluster is not None else getattr(self.client, "cluster", None)
+        self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"
+        self._lock = threading.Lock()
+        self._taken: set[str] = set()
+        self._dead: dict[str, str] = {}
+        self._seq: dict[str, int] = {}
+        self._where: dict[str, tuple[Slot, InstanceRef | None]] = {}
+        self._priority = itertools.count()
+        self._probe: dict[str, dict] = {}
+        self._groups: dict[str, list[InstanceRef]] = {}
+        self._closed = False
+        self.client.register_plugin(InstanceHost(), name="hybridflow-host")
+        self.client.subscribe_topic("all", self._on_scheduler_event)
+
+    # -- public conveniences ------------------------------------------------------------
+
+    @property
+    def dashboard_link(self) -> str:
+        return self.client.dashboard_link
+
+    def __repr__(self) -> str:
+        return f"<DaskBackend scheduler={self.client.scheduler.address}>"
+
+    def __enter__(self) -> DaskBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- placement ----------------------------------------------------------------------
+
+    def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
+        self._check_open()
+        need = sum(process_on_nodes)
+        with self._lock:
+            free = self._free_workers()
+            if self._owned_cluster is not None and len(free) < need and self._can_grow():
+                total = len(self._workers())
+                self._owned_cluster.scale(total + need - len(free))
+                self.client.wait_for_workers(total + need - len(free), timeout=120)
+                free = self._free_workers()
+            gpu_workers = [w for w in free if w.has_gpu]
+            if use_gpu is None:
+                use_gpu = bool(gpu_workers) and len(gpu_workers) >= need
+            if use_gpu and not gpu_workers:
+                raise ValueError(
+                    "the pool asks for GPUs (use_gpu=True) but no worker of this cluster has "
+                    "one; use use_gpu=None/False or start GPU workers (dask cuda worker)"
+                )
+            candidates = gpu_workers if use_gpu else free
+            try:
+                slots = assign_slots(process_on_nodes, candidates)
+            except ValueError as exc:
+                total = len(self._workers())
+                raise ValueError(
+                    f"cannot place pool {list(process_on_nodes)} ({need} ranks"
+                    f"{', GPU' if use_gpu else ''}) on a cluster of {total} workers: {exc}"
+                ) from None
+            self._taken.update(s.address for s in slots)
+        logger.debug("placed pool %s on %s", name, [s.address for s in slots])
+        return slots
+
+    def release(self, slots: Sequence[Slot]) -> None:
+        with self._lock:
+            self._taken.difference_update(s.address for s in slots)
+
+    def free_port(self, slot: Slot) -> int:
+        self._check_alive(slot, None)
+        return self.client.run(worker_port, workers=[slot.address])[slot.address]
+
+    # -- instances and calls ------------------------------------------------------------
+
+    def create(
+        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict[str, str]
+    ) -> Future:
+        self._check_alive(ref.slot, ref)
+        with self._lock:
+            self._seq[self._order_key(ref)] = 0
+            self._groups.setdefault(ref.group, []).append(ref)
+            members = list(self._groups[ref.group])
+        self.client.publish_dataset(**{GROUP_DATASET + ref.group: members}, override=True)
+        fut = self._submit(
+            create_instance,
+            ref,
+            cls,
+            self._ship(args, ref.slot),
+            self._ship(kwargs, ref.slot),
+            env,
+            key=f"{ref.group}.__init__-{uuid.uuid4().hex}",
+            slot=ref.slot,
+            ref=ref,
+        )
+        return fut
+
+    def call(
+        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str
+    ) -> Future:
+        self._check_alive(ref.slot, ref)
+        args = self._ship(args, ref.slot)
+        kwargs = self._ship(kwargs, ref.slot)
+        seq = self._next_seq(ref)
+        fut = self._submit(
+            run_call,
+            ref,
+            self.driver_id,
+            seq,
+            method,
+            args,
+            kwargs,
+            key=f"{label}-{uuid.uuid4().hex}",
+            slot=ref.slot,
+            ref=ref,
+        )
+        fire_and_forget(fut)  # a call runs to completion even if the driver drops it
+        fut.add_done_callback(lambda f, r=ref, s=seq: self._after_call(f, r, s))
+        return fut
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
+    ) -> Future:
+        self._check_open()
+        if slot is not None:
+            self._check_alive(slot, None)
+        return self._submit(fn, *args, key=f"{label}-{uuid.uuid4().hex}", slot=slot, ref=None)
+
+    def gather(self, futures: Sequence[Any]) -> list[Any]:
+        futures = list(futures)
+        pending = {f for f in futures if isinstance(f, Future)}
+        while pending:
+            with self.client.as_current():
+                done, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")
+            if any(f.status == "error" for f in done):
+                break
+            self._raise_if_lost(pending)
+        return self.client.gather(futures, direct=True)
+
+    def is_future(self, obj: Any) -> bool:
+        return isinstance(obj, Future)
+
+    def alive(self, slot: Slot) -> bool:
+        return not self._closed and slot.address not in self._dead
+
+    def destroy(self, refs: Sequence[InstanceRef]) -> None:
+        if self._closed:
+            return
+        for ref in refs:
+            if ref.slot.address in self._dead:
+                continue
+            seq = self._next_seq(ref)
+            fut = self._submit(
+                destroy_instance,
+                ref,
+                self.driver_id,
+                seq,
+                key=f"{ref.group}.__del__-{uuid.uuid4().hex}",
+                slot=ref.slot,
+                ref=ref,
+            )
+            fire_and_forget(fut)
+        groups = {ref.group for ref in refs}
+        for group in groups:
+            self._groups.pop(group, None)
+            try:
+                self.client.unpublish_dataset(GROUP_DATASET + group)
+            except KeyError:
+                pass
+
+    def lookup(self, group: str) -> list[InstanceRef]:
+        self._check_open()
+        return list(self.client.get_dataset(GROUP_DATASET + group, default=[]))
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        try:
+            self.client.unsubscribe_topic("all")
+        except Exception:  # the scheduler may already be gone
+            pass
+        if self._owns_client:
+            self.client.close()
+        if self._owned_cluster is not None:
+            self._owned_cluster.close()
+
+    # -- internals ------------------------------------------------------------------------
+
+    def _submit(
+        self, fn: Callable[..., Any], *args: Any, key: str, slot: Slot | None, ref: InstanceRef | None
+    ) -> Future:
+        options: dict[str, Any] = {"key": key, "pure": False}
+        if slot is not None:
+            options.update(workers=[slot.address], allow_other_workers=False)
+            self._where[key] = (slot, ref)
+        if ref is not None:
+            options["priority"] = -next(self._priority)
+        if len(self._where) > 50_000:
+            self._prune_where()
+        return self.client.submit(fn, *args, **options)
+
+    def _ship(self, values: Any, slot: Slot) -> Any:
+        """Scatter large driver values straight to ``slot``'s worker (never via the graph)."""
+        if isinstance(values, dict):
+            return {k: self._ship_one(v, slot) for k, v in values.items()}
+        return tuple(self._ship_one(v, slot) for v in values)
+
+    def _ship_one(self, value: Any, slot: Slot) -> Any:
+        if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
+            return value
+        if sizeof(value) < SCATTER_BYTES:
+            return value
+        return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]
+
+    def _next_seq(self, ref: InstanceRef) -> int:
+        key = self._order_key(ref)
+        with self._lock:
+            seq = self._seq.get(key, 0) + 1
+            self._seq[key] = seq
+            return seq
+
+    def _order_key(self, ref: InstanceRef) -> str:
+        return ref.name
+
+    def _after_call(self, fut: Future, ref: InstanceRef, seq: int) -> None:
+        if fut.status == "error" and not self._closed and ref.slot.address not in self._dead:
+            # The task may have failed before running (a failed input): tell the worker
+            # to stop waiting for it. A no-op if the call did run.
+            try:
+                fire_and_forget(
+                    self.client.submit(
+                        skip_call,
+                        ref.name,
+                        self.driver_id,
+                        seq,
+                        workers=[ref.slot.address],
+                        allow_other_workers=False,
+                        pure=False,
+                        key=f"{ref.group}.__skip__-{uuid.uuid4().hex}",
+                        priority=1_000_000,
+                    )
+                )
+            except Exception:  # the client is closing
+                logger.debug("could not send skip for %s seq %d", ref.name, seq)
+
+    def _on_scheduler_event(self, event: Any) -> None:
+        _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
+        if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+            return
+        address = msg.get("worker")
+        if address:
+            # Addresses are never reused: a restarted worker comes back at a new one.
+            self._dead[address] = time.strftime("%H:%M:%S")
+            if address in self._taken:
+                logger.warning("worker %s left the cluster; the ranks it hosted are lost", address)
+
+    def _raise_if_lost(self, futures: Sequence[Future]) -> None:
+        if not self._dead:
+            return
+        for fut in futures:
+            slot, ref = self._where.get(fut.key, (None, None))
+            if slot is not None and slot.address in self._dead:
+                raise _lost(slot, ref)
+
+    def _check_alive(self, slot: Slot, ref: InstanceRef | None) -> None:
+        self._check_open()
+        if slot.address in self._dead:
+            raise _lost(slot, ref)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this DaskBackend is shut down")
+
+    def _workers(self) -> dict[str, dict]:
+        return self.client.scheduler_info(n_workers=-1)["workers"]
+
+    def _free_workers(self) -> list[WorkerInfo]:
+        workers = self._workers()
+        unknown = [a for a in workers if a not in self._probe]
+        if unknown:
+            self._probe.update(self.client.run(probe_worker, workers=unknown))
+        return [
+            WorkerInfo(addr, info.get("host", addr), str(info.get("name", addr)), self._probe[addr]["device"])
+            for addr, info in workers.items()
+            if addr not in self._taken and addr not in self._dead and addr in self._probe
+        ]
+
+    def _can_grow(self) -> bool:
+        return self.choice is not None and self.choice.kind == "LocalCluster"
+
+    def _prune_where(self) -> None:
+        live = set(self.client.futures)
+        for key in [k for k in self._where if k not in live]:
+            self._where.pop(key, None)
+
+
+def _lost(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
+    who = f"rank {ref.rank} of worker group {ref.group!r}" if ref else f"slot {slot.index}"
+    return WorkerLostError(
+        f"the Dask worker {slot.address} hosting {who} died; its instances and results "
+        "are lost (create the group again)"
+    )

@@ -1,0 +1,41 @@
+"""Teach Dask to move DataProtos and TensorDicts as zero-copy frames and to size them.
+
+Importing this module registers the protocol layer's header/frames functions with
+Dask's serializer family ``"dask"`` (used for worker-to-worker transfers, scatter and
+gather). ``hybridflow_dask`` imports it, so the registration is in effect in the
+driver and in every worker that unpickles one of our tasks; the Dask backend's worker
+plugin imports it too, before any data arrives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from distributed.protocol import dask_deserialize, dask_serialize
+from tensordict import TensorDict
+
+from ..protocol import DataProto
+from ..protocol.serialization import (
+    deserialize_dataproto,
+    deserialize_tensordict,
+    serialize_dataproto,
+    serialize_tensordict,
+)
+from hybridflow_dask_sizeof import register_sizeof
+
+__all__: list[str] = []
+
+dask_serialize.register(DataProto)(serialize_dataproto)
+dask_deserialize.register(DataProto)(deserialize_dataproto)
+dask_serialize.register(TensorDict)(serialize_tensordict)
+dask_deserialize.register(TensorDict)(deserialize_tensordict)
+
+
+def _register_sizeof_now() -> None:
+    # Entry points load only for an installed distribution; register directly as well.
+    from dask.sizeof import sizeof
+
+    register_sizeof(sizeof)
+
+
+_register_sizeof_now()

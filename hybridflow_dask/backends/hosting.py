@@ -1,0 +1,122 @@
+"""What runs inside the process that hosts instances, shared by every backend.
+
+Keeps the per-process table of instances, puts each rank's environment in place before
+the class body runs, runs ``async def`` methods to completion on the instance's own
+event loop, and names the group, method and rank on any exception a method raises.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import inspect
+import os
+import socket
+import threading
+import traceback
+from collections.abc import Iterator
+from typing import Any
+
+from .base import InstanceRef
+
+__all__ = ["InstanceTable", "annotate_error", "find_free_port", "rank_env"]
+
+
+@contextlib.contextmanager
+def rank_env(env: dict[str, str], *, restore: bool) -> Iterator[None]:
+    """Put ``env`` in ``os.environ``; put the previous values back if ``restore``."""
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)
+    try:
+        yield
+    finally:
+        if restore:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+
+
+def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseException:
+    """Name where ``exc`` came from and keep the traceback text across pickling."""
+    where = f"raised by {ref.group}.{method} on rank {ref.rank} (worker {ref.slot.address})"
+    if not hasattr(exc, "remote_traceback"):
+        with contextlib.suppress(Exception):
+            exc.remote_traceback = "".join(traceback.format_exception(exc))
+    exc.hybridflow_origin = (ref.group, method, ref.rank)
+    if hasattr(exc, "add_note"):
+        exc.add_note(where)
+    return exc
+
+
+def find_free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return sock.getsockname()[1]
+
+
+class InstanceTable:
+    """The instances living in this process, by instance name."""
+
+    def __init__(self) -> None:
+        self._instances: dict[str, Any] = {}
+        self._envs: dict[str, dict[str, str]] = {}
+        self._loops: dict[str, asyncio.AbstractEventLoop] = {}
+        self._lock = threading.Lock()
+
+    def __contains__(self, name: str) -> bool:
+        return name in self._instances
+
+    def get(self, name: str) -> Any:
+        try:
+            return self._instances[name]
+        except KeyError:
+            raise LookupError(
+                f"no instance {name!r} in this process (was its worker restarted?)"
+            ) from None
+
+    def create(
+        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, *, restore: bool
+    ) -> None:
+        with rank_env(env, restore=restore):
+            try:
+                obj = cls(*args, **kwargs)
+            except BaseException as exc:
+                annotate_error(exc, ref, "__init__")
+                raise
+        with self._lock:
+            self._instances[ref.name] = obj
+            self._envs[ref.name] = dict(env)
+
+    def invoke(
+        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, restore: bool
+    ) -> Any:
+        obj = self.get(ref.name)
+        with rank_env(self._envs[ref.name], restore=restore):
+            try:
+                result = getattr(obj, method)(*args, **kwargs)
+                if inspect.isawaitable(result):
+                    result = self._loop(ref.name).run_until_complete(result)
+                return result
+            except BaseException as exc:
+                annotate_error(exc, ref, method)
+                raise
+
+    def remove(self, name: str) -> None:
+        with self._lock:
+            self._instances.pop(name, None)
+            self._envs.pop(name, None)
+            loop = self._loops.pop(name, None)
+        if loop is not None:
+            loop.close()
+
+    def names(self) -> list[str]:
+        return list(self._instances)
+
+    def _loop(self, name: str) -> asyncio.AbstractEventLoop:
+        with self._lock:
+            loop = self._loops.get(name)
+            if loop is None:
+                loop = self._loops[name] = asyncio.new_event_loop()
+            return loop

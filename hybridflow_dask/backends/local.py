@@ -1,0 +1,150 @@
+"""``LocalBackend``: every instance in the driver process, calls run inline in rank order.
+
+The in-process sibling of the Dask backend, small enough to read in one sitting: for unit
+tests, for stepping through worker code with ``pdb``, and to keep the ``Backend``
+interface honest. It behaves like a remote backend in what a worker can observe:
+arguments and results are copied (a worker mutating its shard never changes the caller's
+batch), and each rank's environment is in ``os.environ`` while that rank's code runs.
+Ranks run one after another, so collectives between ranks (``torch.distributed``) cannot
+work here; use ``DaskBackend`` for those.
+"""
+
+from __future__ import annotations
+
+import copy
+import socket
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .base import InstanceRef, Slot
+from .hosting import InstanceTable, find_free_port
+
+__all__ = ["LocalBackend", "LocalFuture"]
+
+
+class LocalFuture:
+    """An already-finished result (or error) of an inline call."""
+
+    __slots__ = ("_error", "_value")
+
+    def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
+        self._value = value
+        self._error = error
+
+    def result(self, timeout: float | None = None) -> Any:
+        if self._error is not None:
+            raise self._error
+        return self._value
+
+    def done(self) -> bool:
+        return True
+
+    def __repr__(self) -> str:
+        state = "error" if self._error is not None else "finished"
+        return f"<LocalFuture {state}>"
+
+
+class LocalBackend:
+    """Runs every rank in this process; see the module docstring."""
+
+    def __init__(self) -> None:
+        self._table = InstanceTable()
+        self._groups: dict[str, list[InstanceRef]] = {}
+        self._host = socket.gethostname()
+        self._closed = False
+
+    # -- placement --------------------------------------------------------------------
+
+    def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
+        self._check_open()
+        if use_gpu:
+            import torch
+
+            if not torch.cuda.is_available():
+                raise ValueError("use_gpu=True but this process sees no CUDA device")
+        device = "cuda" if use_gpu else "cpu"
+        return [
+            Slot(index=i, address="local", host="127.0.0.1", node=node, device=device, name=name)
+            for i, node in enumerate(n for n, count in enumerate(process_on_nodes) for _ in range(count))
+        ]
+
+    def release(self, slots: Sequence[Slot]) -> None:
+        pass
+
+    def free_port(self, slot: Slot) -> int:
+        return find_free_port()
+
+    # -- instances and calls ------------------------------------------------------------
+
+    def create(
+        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict[str, str]
+    ) -> LocalFuture:
+        self._check_open()
+        self._groups.setdefault(ref.group, []).append(ref)
+        return self._run(lambda a, k: self._table.create(ref, cls, a, k, env, restore=True), args, kwargs)
+
+    def call(
+        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str
+    ) -> LocalFuture:
+        self._check_open()
+        return self._run(
+            lambda a, k: self._table.invoke(ref, method, a, k, restore=True), args, kwargs
+        )
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
+    ) -> LocalFuture:
+        return self._run(lambda a, k: fn(*a, **k), args, {})
+
+    def gather(self, futures: Sequence[Any]) -> list[Any]:
+        return [f.result() for f in futures]
+
+    def is_future(self, obj: Any) -> bool:
+        return isinstance(obj, LocalFuture)
+
+    def alive(self, slot: Slot) -> bool:
+        return not self._closed
+
+    def destroy(self, refs: Sequence[InstanceRef]) -> None:
+        for ref in refs:
+            self._table.remove(ref.name)
+            group = self._groups.get(ref.group)
+            if group is not None and ref in group:
+                group.remove(ref)
+                if not group:
+                    del self._groups[ref.group]
+
+    def lookup(self, group: str) -> list[InstanceRef]:
+        return list(self._groups.get(group, []))
+
+    def shutdown(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for name in self._table.names():
+            self._table.remove(name)
+        self._groups.clear()
+
+    def __enter__(self) -> LocalBackend:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.shutdown()
+
+    # -- internals ----------------------------------------------------------------------
+
+    def _run(self, fn: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> LocalFuture:
+        try:
+            a = tuple(copy.deepcopy(_resolve(v)) for v in args)
+            k = {key: copy.deepcopy(_resolve(v)) for key, v in kwargs.items()}
+            return LocalFuture(copy.deepcopy(fn(a, k)))
+        except Exception as exc:
+            return LocalFuture(error=exc)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RuntimeError("this LocalBackend is shut down")
+
+
+def _resolve(value: Any) -> Any:
+    return value.result() if isinstance(value, LocalFuture) else value

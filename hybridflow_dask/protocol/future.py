@@ -1,0 +1,220 @@
+"""``DataProtoFuture``: a DataProto that is still being computed, spread over ranks.
+
+It holds one backend future per producing rank (the parts, in row order) and how many
+rows to drop from the end of their concatenation (the padding the producer was given).
+Re-splitting it for a consumer runs small routing tasks next to each part, so every
+consumer rank receives only the rows it needs and nothing passes through the driver.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from .data_proto import DataProto
+
+__all__ = ["DataProtoFuture", "FutureRunner", "row_ranges"]
+
+
+class FutureRunner(Protocol):
+    """The part of a backend a DataProtoFuture needs (``Backend`` satisfies it)."""
+
+    def submit(
+        self, fn: Callable[..., Any], *args: Any, slot: Any = None, label: str = "hf"
+    ) -> Any: ...
+
+    def gather(self, futures: Sequence[Any]) -> list[Any]: ...
+
+    def is_future(self, obj: Any) -> bool: ...
+
+
+@dataclass
+class DataProtoFuture:
+    """Rows ``concat(parts)[: len - pad]``, not yet materialized.
+
+    ``pad`` is an int, or a backend future of one when the producer's input was itself a
+    future (its length was not known when the call was issued). ``slots`` says where each
+    part lives so routing tasks can run there.
+    """
+
+    parts: list[Any]
+    runner: FutureRunner
+    pad: Any = 0
+    slots: list[Any] | None = None
+    label: str = field(default="hf", compare=False)
+
+    def get(self) -> DataProto:
+        """Bring the whole DataProto to the caller."""
+        lazy_pad = self.runner.is_future(self.pad)
+        values = self.runner.gather([*self.parts, self.pad] if lazy_pad else list(self.parts))
+        pad = values.pop() if lazy_pad else self.pad
+        return drop_tail(DataProto.concat(values), pad)
+
+    def __len__(self) -> int:
+        raise TypeError("the length of a DataProtoFuture is not known until it is computed")
+
+    def chunk(self, chunks: int, slots: Sequence[Any] | None = None) -> list[DataProtoFuture]:
+        """Split into ``chunks`` futures the way ``DataProto.chunk`` would (uneven if needed).
+
+        ``slots`` names where each chunk should be assembled (default: next to part 0).
+        """
+        routed, _ = self.route(chunks, slots, padded=False)
+        return [
+            DataProtoFuture([part], self.runner, 0, [slot], self.label)
+            for part, slot in zip(routed, _targets(self, chunks, slots))
+        ]
+
+    def route(
+        self, n: int, slots: Sequence[Any] | None = None, *, padded: bool = True
+    ) -> tuple[list[Any], Any]:
+        """One future per consumer rank, plus the pad the consumers' output must drop.
+
+        With ``padded`` every consumer gets ``ceil(rows / n)`` rows (the tail padded with
+        copies of leading rows, as ``pad_dataproto_to_divisor`` does). When ``n`` equals
+        the number of parts and nothing needs trimming, part ``i`` goes to rank ``i``
+        untouched.
+        """
+        if not isinstance(n, int) or n <= 0:
+            raise ValueError(f"cannot split a DataProtoFuture into {n!r} chunks")
+        if n == len(self.parts) and (padded or _is_zero(self.pad)):
+            return list(self.parts), self.pad
+        targets = _targets(self, n, slots)
+        part_slots = self.slots or [None] * len(self.parts)
+        submit = self.runner.submit
+        lens = [
+            submit(len, part, slot=slot, label=f"{self.label}.rows")
+            for part, slot in zip(self.parts, part_slots)
+        ]
+        routed = []
+        for dest, target in enumerate(targets):
+            pieces = [
+                submit(
+                    take_rows,
+                    part,
+                    i,
+                    dest,
+                    n,
+                    padded,
+                    self.pad,
+                    *lens,
+                    slot=slot,
+                    label=f"{self.label}.route",
+                )
+                for i, (part, slot) in enumerate(zip(self.parts, part_slots))
+            ]
+            routed.append(submit(assemble, *pieces, slot=target, label=f"{self.label}.assemble"))
+        new_pad = (
+            submit(
+                pad_after_split,
+                n,
+                padded,
+                self.pad,
+                *lens,
+                slot=targets[0],
+                label=f"{self.label}.rows",
+            )
+            if padded
+            else 0
+        )
+        return routed, new_pad
+
+    def whole(self, slot: Any = None) -> Any:
+        """A single backend future of the whole DataProto, assembled at ``slot``."""
+        if len(self.parts) == 1 and _is_zero(self.pad):
+            return self.parts[0]
+        return self.runner.submit(
+            concat_and_drop, self.pad, *self.parts, slot=slot, label=f"{self.label}.assemble"
+        )
+
+    @staticmethod
+    def concat(futures: Sequence[DataProtoFuture]) -> DataProtoFuture:
+        """Rows of every future in order; pads are trimmed next to the parts that hold them."""
+        if not futures:
+            raise ValueError("DataProtoFuture.concat needs at least one future")
+        runner = futures[0].runner
+        parts: list[Any] = []
+        slots: list[Any] = []
+        for i, fut in enumerate(futures):
+            last = i == len(futures) - 1
+            if not last and not _is_zero(fut.pad):
+                n = len(fut.parts)
+                fut_parts, _ = fut.route(n, fut.slots, padded=False)
+            else:
+                fut_parts = list(fut.parts)
+            parts.extend(fut_parts)
+            slots.extend(fut.slots or [None] * len(fut_parts))
+        return DataProtoFuture(parts, runner, futures[-1].pad, slots, futures[0].label)
+
+
+def _is_zero(pad: Any) -> bool:
+    return isinstance(pad, int) and pad == 0
+
+
+def _targets(fut: DataProtoFuture, n: int, slots: Sequence[Any] | None) -> list[Any]:
+    if slots is not None:
+        if len(slots) != n:
+            raise ValueError(f"got {len(slots)} slots for {n} chunks")
+        return list(slots)
+    first = fut.slots[0] if fut.slots else None
+    return [first] * n
+
+
+# ---- routing functions: they run next to the data, on the workers -------------------
+
+
+def row_ranges(rows: int, n: int, padded: bool) -> list[tuple[int, int]]:
+    """Half-open ranges of (padded) row positions that each of ``n`` consumers takes."""
+    if padded:
+        size = -(-rows // n) if rows else 0
+        return [(d * size, (d + 1) * size) for d in range(n)]
+    base, extra = divmod(rows, n)
+    bounds = [0]
+    for d in range(n):
+        bounds.append(bounds[-1] + base + (1 if d < extra else 0))
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def take_rows(
+    part: DataProto, index: int, dest: int, n: int, padded: bool, pad: int, *lens: int
+) -> tuple[np.ndarray, DataProto]:
+    """The rows of ``part`` that consumer ``dest`` needs, with their positions."""
+    rows = sum(lens) - pad
+    start = sum(lens[:index])
+    stop = min(start + lens[index], rows)
+    lo, hi = row_ranges(rows, n, padded)[dest]
+    positions = np.arange(lo, hi)
+    source = positions % rows if rows else positions
+    mine = (source >= start) & (source < stop)
+    return positions[mine], part.select_idxs(source[mine] - start)
+
+
+def assemble(*pieces: tuple[np.ndarray, DataProto]) -> DataProto:
+    """Concatenate routed pieces in row-position order."""
+    nonempty = [(pos, dp) for pos, dp in pieces if len(pos)]
+    if not nonempty:
+        return pieces[0][1]
+    positions = np.concatenate([pos for pos, _ in nonempty])
+    joined = DataProto.concat([dp for _, dp in nonempty])
+    order = np.argsort(positions, kind="stable")
+    if np.array_equal(order, np.arange(len(order))):
+        return joined
+    return joined.select_idxs(order)
+
+
+def pad_after_split(n: int, padded: bool, pad: int, *lens: int) -> int:
+    rows = sum(lens) - pad
+    lo, hi = row_ranges(rows, n, padded)[-1]
+    return hi - rows if padded and rows else 0
+
+
+def concat_and_drop(pad: int, *parts: DataProto) -> DataProto:
+    return drop_tail(DataProto.concat(list(parts)), pad)
+
+
+def drop_tail(data: DataProto, pad: int) -> DataProto:
+    if pad < 0 or pad > len(data):
+        raise ValueError(f"cannot drop {pad} padding rows from {len(data)} rows")
+    return data if pad == 0 else data.slice(0, len(data) - pad)

@@ -1,0 +1,69 @@
+"""The process-wide default backend, and ``get`` (this library's ``ray.get``)."""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import threading
+from typing import Any
+
+from .backends.base import Backend
+from .protocol import DataProtoFuture
+
+__all__ = ["default_backend", "get", "init", "shutdown"]
+
+logger = logging.getLogger(__name__)
+
+_lock = threading.Lock()
+_default: Backend | None = None
+
+
+def init(backend: Backend | None = None, **kwargs: Any) -> Backend:
+    """Set the default backend (``DaskBackend(**kwargs)`` when none is given)."""
+    global _default
+    with _lock:
+        if _default is not None:
+            raise RuntimeError("a default backend is already set; call hybridflow_dask.shutdown() first")
+        if backend is None:
+            from .backends.dask import DaskBackend
+
+            backend = DaskBackend(**kwargs)
+        elif kwargs:
+            raise TypeError("pass either a backend or DaskBackend keyword arguments, not both")
+        _default = backend
+        return backend
+
+
+def default_backend() -> Backend:
+    """The default backend, starting a ``DaskBackend()`` on first use; closed at exit."""
+    global _default
+    with _lock:
+        if _default is None:
+            from .backends.dask import DaskBackend
+
+            logger.info("no backend given: starting DaskBackend() as the default")
+            _default = DaskBackend()
+        return _default
+
+
+def shutdown() -> None:
+    """Shut the default backend down (idempotent)."""
+    global _default
+    with _lock:
+        backend, _default = _default, None
+    if backend is not None:
+        backend.shutdown()
+
+
+atexit.register(shutdown)
+
+
+def get(x: Any) -> Any:
+    """Materialize a backend future, a ``DataProtoFuture``, or a list of them."""
+    if isinstance(x, DataProtoFuture):
+        return x.get()
+    if isinstance(x, (list, tuple)):
+        return type(x)(get(item) for item in x)
+    if hasattr(x, "result") and callable(x.result):
+        return x.result()
+    raise TypeError(f"hybridflow_dask.get cannot materialize a {type(x).__name__}")

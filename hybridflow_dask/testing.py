@@ -1,0 +1,109 @@
+"""pytest plugin (entry point ``pytest11``): fixtures for testing your workers.
+
+- ``hf_local_backend``: a fresh ``LocalBackend`` per test.
+- ``hf_dask_cluster``: one loopback ``LocalCluster`` per session (ini ``hf_dask_workers``,
+  default 2 single-threaded worker processes), closed at the end.
+- ``hf_dask_backend``: a ``DaskBackend`` attached to that cluster, for the session.
+- ``hf_worker_group``: a factory ``make(cls_or_cwia, pool=[2], backend=..., **kw)`` whose
+  groups are shut down after the test.
+- the ``gpu`` marker skips a test when no CUDA device is visible.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from .backends.local import LocalBackend
+from .resource_pool import ResourcePool
+from .worker import ClassWithInitArgs
+from .worker_group import WorkerGroup
+
+__all__ = [
+    "hf_dask_backend",
+    "hf_dask_cluster",
+    "hf_local_backend",
+    "hf_worker_group",
+]
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addini("hf_dask_workers", "worker processes in the hf_dask_cluster fixture", default="2")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped when none is visible")
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    if item.get_closest_marker("gpu") is not None and not _cuda_visible():
+        pytest.skip("needs a CUDA GPU; torch sees none on this machine")
+
+
+def _cuda_visible() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+@pytest.fixture
+def hf_local_backend() -> Iterator[LocalBackend]:
+    backend = LocalBackend()
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture(scope="session")
+def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
+    import dask
+    from distributed import LocalCluster
+
+    n = int(pytestconfig.getini("hf_dask_workers"))
+    with dask.config.set({"distributed.scheduler.no-workers-timeout": "3s"}):
+        cluster = LocalCluster(
+            n_workers=n,
+            threads_per_worker=1,
+            processes=True,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+        )
+    yield cluster
+    cluster.close()
+
+
+@pytest.fixture(scope="session")
+def hf_dask_backend(hf_dask_cluster: Any) -> Iterator[Any]:
+    from .backends.dask import DaskBackend
+
+    backend = DaskBackend(cluster=hf_dask_cluster)
+    yield backend
+    backend.shutdown()
+
+
+@pytest.fixture
+def hf_worker_group() -> Iterator[Any]:
+    made: list[WorkerGroup] = []
+
+    def make(
+        cls_with_init: ClassWithInitArgs | type,
+        pool: ResourcePool | list[int] | None = None,
+        *,
+        backend: Any,
+        **kwargs: Any,
+    ) -> WorkerGroup:
+        if pool is None:
+            pool = [2]
+        if not isinstance(pool, ResourcePool):
+            pool = ResourcePool(pool)
+        group = WorkerGroup(pool, cls_with_init, backend=backend, **kwargs)
+        made.append(group)
+        return group
+
+    yield make
+    for group in reversed(made):
+        group.shutdown()
