@@ -35,7 +35,9 @@ class FusedWorker(Worker):
 def create_colocated_worker_cls(class_dict: dict[str, ClassWithInitArgs]) -> ClassWithInitArgs:
     """Fuse the roles of ``class_dict`` into one worker class, one instance per rank."""
     if not isinstance(class_dict, dict) or not class_dict:
-        raise ValueError("create_colocated_worker_cls needs a non-empty {role: ClassWithInitArgs} dict")
+        raise ValueError(
+            "create_colocated_worker_cls needs a non-empty {role: ClassWithInitArgs} dict"
+        )
     namespace: dict[str, Any] = {"__hybridflow_roles__": {}}
     roles: dict[str, tuple[type, tuple, dict]] = {}
     for role, cwia in class_dict.items():

@@ -29,7 +29,7 @@ class Placement:
     backend: Backend
     slots: list[Slot]
     users: int = 0
-    rendezvous: dict[int, tuple[str, int]] = field(default_factory=dict)
+    rendezvous: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
 
 
 class ResourcePool:
@@ -61,7 +61,9 @@ class ResourcePool:
         if use_gpu not in (None, True, False):
             raise TypeError(f"use_gpu must be True, False or None (auto), got {use_gpu!r}")
         if not isinstance(max_colocate_count, int) or max_colocate_count <= 0:
-            raise ValueError(f"max_colocate_count must be a positive int, got {max_colocate_count!r}")
+            raise ValueError(
+                f"max_colocate_count must be a positive int, got {max_colocate_count!r}"
+            )
         self._store = nodes
         self.use_gpu = use_gpu
         self.max_colocate_count = max_colocate_count
@@ -140,10 +142,11 @@ class ResourcePool:
             placement = root._placement
             if placement is None:
                 raise RuntimeError("rendezvous asked for a pool that holds no slots")
-            if offset not in placement.rendezvous:
+            key = (offset, self.world_size)  # a sub-pool at offset 0 is not its parent
+            if key not in placement.rendezvous:
                 slot = slots[0]
-                placement.rendezvous[offset] = (slot.host, backend.free_port(slot))
-            return placement.rendezvous[offset]
+                placement.rendezvous[key] = (slot.host, backend.free_port(slot))
+            return placement.rendezvous[key]
 
     def _root(self) -> tuple[ResourcePool, int]:
         pool, offset = self, 0
@@ -201,7 +204,9 @@ class ResourcePoolManager:
     ) -> None:
         unknown = {pool for pool in mapping.values() if pool not in resource_pool_spec}
         if unknown:
-            raise ValueError(f"mapping names pools that resource_pool_spec lacks: {sorted(unknown)}")
+            raise ValueError(
+                f"mapping names pools that resource_pool_spec lacks: {sorted(unknown)}"
+            )
         self.resource_pool_spec = dict(resource_pool_spec)
         self.mapping = dict(mapping)
         self.use_gpu = use_gpu

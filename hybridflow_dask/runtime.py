@@ -7,7 +7,7 @@ import logging
 import threading
 from typing import Any
 
-from .backends.base import Backend
+from .backends.base import Backend, FutureList
 from .protocol import DataProtoFuture
 
 __all__ = ["default_backend", "get", "init", "shutdown"]
@@ -23,7 +23,9 @@ def init(backend: Backend | None = None, **kwargs: Any) -> Backend:
     global _default
     with _lock:
         if _default is not None:
-            raise RuntimeError("a default backend is already set; call hybridflow_dask.shutdown() first")
+            raise RuntimeError(
+                "a default backend is already set; call hybridflow_dask.shutdown() first"
+            )
         if backend is None:
             from .backends.dask import DaskBackend
 
@@ -62,6 +64,8 @@ def get(x: Any) -> Any:
     """Materialize a backend future, a ``DataProtoFuture``, or a list of them."""
     if isinstance(x, DataProtoFuture):
         return x.get()
+    if isinstance(x, FutureList):
+        return x.backend.gather(x)
     if isinstance(x, (list, tuple)):
         return type(x)(get(item) for item in x)
     if hasattr(x, "result") and callable(x.result):

@@ -12,7 +12,14 @@ from .decorators import Dispatch, Execute, register
 __all__ = ["RANK_ENV_KEYS", "ClassWithInitArgs", "Worker"]
 
 #: Variables set in the hosting process before a rank's ``__init__`` body runs.
-RANK_ENV_KEYS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+RANK_ENV_KEYS = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
 
 
 class ClassWithInitArgs:
@@ -80,7 +87,9 @@ class Worker:
     def get_cuda_visible_devices(self) -> str:
         return os.environ.get("CUDA_VISIBLE_DEVICES", "not set")
 
-    def _register_dispatch_collect_info(self, mesh_name: str, dp_rank: int, is_collect: bool) -> None:
+    def _register_dispatch_collect_info(
+        self, mesh_name: str, dp_rank: int, is_collect: bool
+    ) -> None:
         """Declare this rank's DP index and whether its output is collected, for N-d dispatch."""
         if mesh_name in self._dispatch_info:
             raise ValueError(f"mesh {mesh_name!r} is already registered on rank {self.rank}")
@@ -103,7 +112,9 @@ class Worker:
         }
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO_WITH_FUNC)
-    def execute_with_func_generator(self, func: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    def execute_with_func_generator(
+        self, func: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> Any:
         """Run ``func(self, *shards)`` on every rank: a one-off DP computation."""
         return func(self, *args, **kwargs)
 

@@ -12,13 +12,14 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from .backends.base import Backend, InstanceRef, Slot
+from .backends.base import Backend, FutureList, InstanceRef, Slot
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
+from .decorators.dispatch import DispatchFns
 from .protocol import DataProto, DataProtoFuture, unpad_dataproto
 from .resource_pool import ResourcePool
 from .worker import ClassWithInitArgs
 
-__all__ = ["WorkerGroup", "registered_methods"]
+__all__ = ["WorkerGroup", "bindable_methods", "registered_methods"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,6 +32,29 @@ def registered_methods(cls: type) -> dict[str, MethodSpec]:
         if spec is not None:
             found[name] = spec
     return found
+
+
+def bindable_methods(cls: type) -> dict[str, tuple[MethodSpec, DispatchFns]]:
+    """The registered methods of ``cls`` with their dispatch functions.
+
+    Raises ``ValueError`` for a method that cannot become a WorkerGroup method (its name
+    is taken by a WorkerGroup attribute, or its dispatch mode has no functions), so a
+    group fails before it places or creates anything.
+    """
+    reserved = set(dir(WorkerGroup))
+    table = {}
+    for name, spec in registered_methods(cls).items():
+        if name in reserved:
+            raise ValueError(
+                f"{cls.__name__}.{name} is registered but WorkerGroup already has an "
+                f"attribute {name!r}; rename the worker method"
+            )
+        try:
+            fns = resolve_dispatch_mode(spec.dispatch_mode)
+        except ValueError as exc:
+            raise ValueError(f"{cls.__name__}.{name}: {exc}") from None
+        table[name] = (spec, fns)
+    return table
 
 
 class WorkerGroup:
@@ -59,6 +83,7 @@ class WorkerGroup:
 
             backend = default_backend()
         cls = cls_with_init.cls
+        methods = bindable_methods(cls)  # a class that cannot be bound fails before placing
         prefix = name_prefix or f"{cls.__name__}-{uuid.uuid4().hex[:6]}"
         if backend.lookup(prefix):
             raise ValueError(
@@ -99,7 +124,7 @@ class WorkerGroup:
         except BaseException:
             resource_pool.release()
             raise
-        self._setup(backend, prefix, cls, refs, resource_pool, owner=True)
+        self._setup(backend, prefix, cls, refs, resource_pool, owner=True, methods=methods)
         logger.info("created worker group %s: %d x %s", prefix, len(refs), cls.__name__)
 
     def _setup(
@@ -112,6 +137,7 @@ class WorkerGroup:
         *,
         owner: bool,
         method_prefix: str = "",
+        methods: dict[str, tuple[MethodSpec, DispatchFns]] | None = None,
     ) -> None:
         self._backend = backend
         self.name_prefix = prefix
@@ -122,7 +148,8 @@ class WorkerGroup:
         self._method_prefix = method_prefix
         self._closed = False
         self._dispatch_cache: dict[str, tuple[list[int], list[bool]]] = {}
-        self._bind_worker_methods(cls)
+        for name, (spec, fns) in (bindable_methods(cls) if methods is None else methods).items():
+            setattr(self, name, self._make_method(name, spec, fns))
 
     # -- construction helpers ---------------------------------------------------------
 
@@ -142,7 +169,9 @@ class WorkerGroup:
         refs = sorted(backend.lookup(name_prefix), key=lambda r: r.rank)
         if not refs:
             raise ValueError(f"no worker group named {name_prefix!r} exists on this backend")
-        worker_cls = cls_with_init.cls if isinstance(cls_with_init, ClassWithInitArgs) else cls_with_init
+        worker_cls = (
+            cls_with_init.cls if isinstance(cls_with_init, ClassWithInitArgs) else cls_with_init
+        )
         if worker_cls is None:
             raise TypeError("from_detached needs the worker class to know its registered methods")
         group = cls.__new__(cls)
@@ -191,7 +220,8 @@ class WorkerGroup:
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         """Call ``method_name`` on every rank; a list of ``world_size`` is split one per rank."""
         self._check_method(method_name)
-        return self._call_ranks(range(self.world_size), method_name, args, kwargs, True)
+        futures = self._call_ranks(range(self.world_size), method_name, args, kwargs, True)
+        return FutureList(futures, self._backend)
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
         return self._backend.gather(self.execute_all_async(method_name, *args, **kwargs))
@@ -240,7 +270,14 @@ class WorkerGroup:
         """Each rank's DP index and collect flag for ``mesh_name``, asked once then cached."""
         if mesh_name not in self._dispatch_cache:
             infos = self._backend.gather(
-                self._call_ranks(range(self.world_size), "_query_dispatch_info", (mesh_name,), {}, True, split=False)
+                self._call_ranks(
+                    range(self.world_size),
+                    "_query_dispatch_info",
+                    (mesh_name,),
+                    {},
+                    True,
+                    split=False,
+                )
             )
             missing = [rank for rank, info in enumerate(infos) if info is None]
             if missing:
@@ -256,19 +293,10 @@ class WorkerGroup:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _bind_worker_methods(self, cls: type) -> None:
-        reserved = set(dir(WorkerGroup))
-        for name, spec in registered_methods(cls).items():
-            if name in reserved:
-                raise ValueError(
-                    f"{cls.__name__}.{name} is registered but WorkerGroup already has an "
-                    f"attribute {name!r}; rename the worker method"
-                )
-            setattr(self, name, self._make_method(name, spec))
-
-    def _make_method(self, name: str, spec: MethodSpec) -> Callable[..., Any]:
-        fns = resolve_dispatch_mode(spec.dispatch_mode)
-        rank_zero = spec.execute_mode is Execute.RANK_ZERO or spec.dispatch_mode is Dispatch.RANK_ZERO
+    def _make_method(self, name: str, spec: MethodSpec, fns: DispatchFns) -> Callable[..., Any]:
+        rank_zero = (
+            spec.execute_mode is Execute.RANK_ZERO or spec.dispatch_mode is Dispatch.RANK_ZERO
+        )
 
         def method(*args: Any, **kwargs: Any) -> Any:
             dispatched = fns.dispatch_fn(self, *args, **kwargs)
@@ -278,7 +306,10 @@ class WorkerGroup:
             futures = self._call_ranks(
                 ranks, name, d_args, d_kwargs, spec.materialize_futures, split=not rank_zero
             )
-            outputs = self._backend.gather(futures) if spec.blocking else futures
+            if spec.blocking:
+                outputs = self._backend.gather(futures)
+            else:
+                outputs = FutureList(futures, self._backend)
             if rank_zero:
                 outputs = outputs[0]
             return self._unpad(fns.collect_fn(self, outputs), pad)

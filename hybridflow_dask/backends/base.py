@@ -14,6 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 __all__ = [
     "Backend",
     "BackendFuture",
+    "FutureList",
     "InstanceRef",
     "Slot",
     "WorkerLostError",
@@ -50,6 +51,21 @@ class InstanceRef:
     @property
     def name(self) -> str:
         return f"{self.group}/{self.rank}"
+
+
+class FutureList(list):
+    """The per-rank futures of a non-blocking call, remembering the backend that made them.
+
+    A plain list to the caller; ``hybridflow_dask.get`` gathers it through the backend,
+    which can fail fast when a worker dies instead of waiting on each future in turn.
+    """
+
+    def __init__(self, futures: Any, backend: Backend) -> None:
+        super().__init__(futures)
+        self.backend = backend
+
+    def __reduce__(self) -> tuple:
+        return (list, (list(self),))
 
 
 class WorkerLostError(RuntimeError):

@@ -10,6 +10,7 @@ events, so calls on a dead rank fail within a fraction of a second instead of ha
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import threading
@@ -24,6 +25,8 @@ from distributed import Client, Future, fire_and_forget, wait
 from . import dask_serialization  # noqa: F401  (registers the DataProto serializers)
 from .base import InstanceRef, Slot, WorkerLostError
 from .dask_cluster import ClusterChoice, start_local_cluster
+from .dask_config import call_timeout, scatter_threshold
+from .dask_dashboard import GROUP_DATASET, register_group_monitor
 from .dask_host import (
     InstanceHost,
     create_instance,
@@ -39,11 +42,8 @@ __all__ = ["DaskBackend"]
 
 logger = logging.getLogger(__name__)
 
-#: Arguments bigger than this are scattered to their worker rather than sent in the graph.
-SCATTER_BYTES = 64 * 1024
 #: How often a waiting ``gather`` looks for dead workers.
 POLL_S = 0.1
-GROUP_DATASET = "hybridflow-group-"
 
 
 class DaskBackend:
@@ -93,7 +93,10 @@ class DaskBackend:
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
         self._closed = False
+        #: Bytes this driver sent to workers (scatter) and fetched from them (gather).
+        self.driver_bytes = {"scattered": 0, "gathered": 0}
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
+        register_group_monitor(self.client)  # the /hybridflow page on the dashboard
         self.client.subscribe_topic("all", self._on_scheduler_event)
 
     # -- public conveniences ------------------------------------------------------------
@@ -101,6 +104,13 @@ class DaskBackend:
     @property
     def dashboard_link(self) -> str:
         return self.client.dashboard_link
+
+    @property
+    def groups_page(self) -> str:
+        """URL of the dashboard page that lists this cluster's worker groups."""
+        link = self.dashboard_link
+        base = link[: -len("/status")] if link.endswith("/status") else link.rstrip("/")
+        return base + "/hybridflow"
 
     def __repr__(self) -> str:
         return f"<DaskBackend scheduler={self.client.scheduler.address}>"
@@ -208,15 +218,28 @@ class DaskBackend:
         return self._submit(fn, *args, key=f"{label}-{uuid.uuid4().hex}", slot=slot, ref=None)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
+        """Wait for all, failing early on an error or a dead worker, then fetch directly."""
         futures = list(futures)
-        pending = {f for f in futures if isinstance(f, Future)}
+        pending = [f for f in futures if isinstance(f, Future)]
+        limit = call_timeout()
+        start = time.monotonic()
         while pending:
-            with self.client.as_current():
-                done, pending = wait(pending, timeout=POLL_S, return_when="FIRST_COMPLETED")
-            if any(f.status == "error" for f in done):
+            try:
+                with self.client.as_current():
+                    wait(pending, timeout=POLL_S)
                 break
-            self._raise_if_lost(pending)
-        return self.client.gather(futures, direct=True)
+            except TimeoutError:  # distributed.wait raises rather than returning
+                pending = [f for f in pending if not f.done()]
+                if any(f.status == "error" for f in futures if isinstance(f, Future)):
+                    break
+                self._raise_if_lost(pending)
+                if limit is not None and time.monotonic() - start > limit:
+                    raise TimeoutError(self._still_running(pending, limit)) from None
+        values = self.client.gather(futures, direct=True)
+        self.driver_bytes["gathered"] += sum(
+            sizeof(v) for f, v in zip(futures, values) if isinstance(f, Future)
+        )
+        return values
 
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, Future)
@@ -244,10 +267,8 @@ class DaskBackend:
         groups = {ref.group for ref in refs}
         for group in groups:
             self._groups.pop(group, None)
-            try:
+            with contextlib.suppress(KeyError):
                 self.client.unpublish_dataset(GROUP_DATASET + group)
-            except KeyError:
-                pass
 
     def lookup(self, group: str) -> list[InstanceRef]:
         self._check_open()
@@ -257,10 +278,8 @@ class DaskBackend:
         if self._closed:
             return
         self._closed = True
-        try:
+        with contextlib.suppress(Exception):  # the scheduler may already be gone
             self.client.unsubscribe_topic("all")
-        except Exception:  # the scheduler may already be gone
-            pass
         if self._owns_client:
             self.client.close()
         if self._owned_cluster is not None:
@@ -269,7 +288,12 @@ class DaskBackend:
     # -- internals ------------------------------------------------------------------------
 
     def _submit(
-        self, fn: Callable[..., Any], *args: Any, key: str, slot: Slot | None, ref: InstanceRef | None
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        key: str,
+        slot: Slot | None,
+        ref: InstanceRef | None,
     ) -> Future:
         options: dict[str, Any] = {"key": key, "pure": False}
         if slot is not None:
@@ -290,8 +314,10 @@ class DaskBackend:
     def _ship_one(self, value: Any, slot: Slot) -> Any:
         if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
             return value
-        if sizeof(value) < SCATTER_BYTES:
+        size = sizeof(value)
+        if size < scatter_threshold():
             return value
+        self.driver_bytes["scattered"] += size
         return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]
 
     def _next_seq(self, ref: InstanceRef) -> int:
@@ -344,6 +370,17 @@ class DaskBackend:
             if slot is not None and slot.address in self._dead:
                 raise _lost(slot, ref)
 
+    def _still_running(self, pending: Sequence[Future], limit: float) -> str:
+        where = []
+        for fut in pending[:4]:
+            _, ref = self._where.get(fut.key, (None, None))
+            label = str(fut.key).rsplit("-", 1)[0]
+            where.append(f"{label} on rank {ref.rank}" if ref else label)
+        return (
+            f"{len(pending)} call(s) still running after hybridflow.call-timeout={limit:g}s: "
+            f"{', '.join(where)}; is a worker hung?"
+        )
+
     def _check_alive(self, slot: Slot, ref: InstanceRef | None) -> None:
         self._check_open()
         if slot.address in self._dead:
@@ -362,7 +399,12 @@ class DaskBackend:
         if unknown:
             self._probe.update(self.client.run(probe_worker, workers=unknown))
         return [
-            WorkerInfo(addr, info.get("host", addr), str(info.get("name", addr)), self._probe[addr]["device"])
+            WorkerInfo(
+                addr,
+                info.get("host", addr),
+                str(info.get("name", addr)),
+                self._probe[addr]["device"],
+            )
             for addr, info in workers.items()
             if addr not in self._taken and addr not in self._dead and addr in self._probe
         ]

@@ -50,10 +50,14 @@ def dask_cuda_available() -> tuple[bool, str]:
     return True, "dask-cuda is importable"
 
 
-def choose_local_cluster(gpus: int, gpu_reason: str, cuda_ok: bool, cuda_reason: str) -> ClusterChoice:
+def choose_local_cluster(
+    gpus: int, gpu_reason: str, cuda_ok: bool, cuda_reason: str
+) -> ClusterChoice:
     """Pure decision, so it can be tested with any probe result."""
     if gpus > 0 and cuda_ok:
-        return ClusterChoice("LocalCUDACluster", f"{gpus} GPU(s) seen by {gpu_reason}; {cuda_reason}", gpus)
+        return ClusterChoice(
+            "LocalCUDACluster", f"{gpus} GPU(s) seen by {gpu_reason}; {cuda_reason}", gpus
+        )
     if gpus > 0:
         return ClusterChoice(
             "LocalCluster",

@@ -21,7 +21,14 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from .base import InstanceRef
 from .hosting import InstanceTable, find_free_port
 
-__all__ = ["PLUGIN_NAME", "InstanceHost", "create_instance", "destroy_instance", "run_call", "skip_call"]
+__all__ = [
+    "PLUGIN_NAME",
+    "InstanceHost",
+    "create_instance",
+    "destroy_instance",
+    "run_call",
+    "skip_call",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +40,7 @@ class CallOrder:
 
     def __init__(self) -> None:
         self.next = 1
+        self.waits = 0  # calls that arrived early and had to wait: a health metric
         self.skipped: set[int] = set()
         self.cond = threading.Condition()
 
@@ -43,6 +51,7 @@ class CallOrder:
         with self.cond:
             if self.ready(seq):
                 return
+            self.waits += 1
         secede()  # free the thread slot so earlier calls (and their inputs) can run
         with self.cond:
             self.cond.wait_for(lambda: self.ready(seq))

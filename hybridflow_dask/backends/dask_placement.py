@@ -41,7 +41,9 @@ def assign_slots(process_on_nodes: Sequence[int], free: Sequence[WorkerInfo]) ->
     slots: list[Slot] = []
     for node, count in enumerate(process_on_nodes):
         candidates = [
-            h for h, ws in by_host.items() if len(ws) >= count and (single_host or h not in used_hosts)
+            h
+            for h, ws in by_host.items()
+            if len(ws) >= count and (single_host or h not in used_hosts)
         ]
         if not candidates:
             free_by_host = {h: len(ws) for h, ws in by_host.items()}

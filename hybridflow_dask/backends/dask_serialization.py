@@ -9,10 +9,10 @@ plugin imports it too, before any data arrives.
 
 from __future__ import annotations
 
-from typing import Any
-
 from distributed.protocol import dask_deserialize, dask_serialize
 from tensordict import TensorDict
+
+from hybridflow_dask_sizeof import register_sizeof
 
 from ..protocol import DataProto
 from ..protocol.serialization import (
@@ -21,7 +21,6 @@ from ..protocol.serialization import (
     serialize_dataproto,
     serialize_tensordict,
 )
-from hybridflow_dask_sizeof import register_sizeof
 
 __all__: list[str] = []
 

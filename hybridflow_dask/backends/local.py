@@ -65,7 +65,9 @@ class LocalBackend:
         device = "cuda" if use_gpu else "cpu"
         return [
             Slot(index=i, address="local", host="127.0.0.1", node=node, device=device, name=name)
-            for i, node in enumerate(n for n, count in enumerate(process_on_nodes) for _ in range(count))
+            for i, node in enumerate(
+                n for n, count in enumerate(process_on_nodes) for _ in range(count)
+            )
         ]
 
     def release(self, slots: Sequence[Slot]) -> None:
@@ -81,7 +83,9 @@ class LocalBackend:
     ) -> LocalFuture:
         self._check_open()
         self._groups.setdefault(ref.group, []).append(ref)
-        return self._run(lambda a, k: self._table.create(ref, cls, a, k, env, restore=True), args, kwargs)
+        return self._run(
+            lambda a, k: self._table.create(ref, cls, a, k, env, restore=True), args, kwargs
+        )
 
     def call(
         self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str

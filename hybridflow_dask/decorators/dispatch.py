@@ -19,8 +19,8 @@ from ..protocol import DataProto, DataProtoConfig, DataProtoFuture, pad_dataprot
 from .modes import Dispatch
 
 __all__ = [
-    "Dispatched",
     "DispatchFns",
+    "Dispatched",
     "collect_all_to_all",
     "collect_dp_compute",
     "collect_dp_compute_data_proto",
@@ -83,9 +83,11 @@ def dispatch_dp_compute(worker_group: Any, *args: Any, **kwargs: Any) -> tuple[t
     n = worker_group.world_size
     for name, value in _named(args, kwargs):
         if not isinstance(value, (list, tuple)) or len(value) != n:
-            got = f"a {type(value).__name__} of length {len(value)}" if isinstance(
-                value, (list, tuple)
-            ) else type(value).__name__
+            got = (
+                f"a {type(value).__name__} of length {len(value)}"
+                if isinstance(value, (list, tuple))
+                else type(value).__name__
+            )
             raise ValueError(
                 f"DP_COMPUTE needs one value per rank: argument {name} must be a list of "
                 f"{n} items (the group's world size), got {got}"
@@ -94,7 +96,7 @@ def dispatch_dp_compute(worker_group: Any, *args: Any, **kwargs: Any) -> tuple[t
 
 
 def collect_dp_compute(worker_group: Any, output: Any) -> Any:
-    return list(output)
+    return output if isinstance(output, list) else list(output)
 
 
 # ---- DataProto modes ----------------------------------------------------------------
@@ -178,9 +180,7 @@ _REGISTRY: dict[Dispatch, DispatchFns] = {
         dispatch_dp_compute_data_proto_with_func, collect_dp_compute_data_proto
     ),
     Dispatch.DP_COMPUTE_METRIC: DispatchFns(dispatch_dp_compute_data_proto, collect_dp_compute),
-    Dispatch.DIRECT_ROLLOUT_METHOD: DispatchFns(
-        dispatch_direct_rollout_method, collect_all_to_all
-    ),
+    Dispatch.DIRECT_ROLLOUT_METHOD: DispatchFns(dispatch_direct_rollout_method, collect_all_to_all),
 }
 
 

@@ -64,11 +64,14 @@ def _check_dispatch_mode(mode: Any) -> None:
     if isinstance(mode, dict):
         missing = {"dispatch_fn", "collect_fn"} - set(mode)
         if missing:
-            raise ValueError(f"a dict dispatch_mode needs keys {sorted(missing)}; got {sorted(mode)}")
+            raise ValueError(
+                f"a dict dispatch_mode needs keys {sorted(missing)}; got {sorted(mode)}"
+            )
         for key in ("dispatch_fn", "collect_fn"):
             if not callable(mode[key]):
                 raise TypeError(f"dispatch_mode[{key!r}] must be callable, got {mode[key]!r}")
         return
     raise TypeError(
-        f"dispatch_mode must be a Dispatch member or a dict with dispatch_fn/collect_fn, got {mode!r}"
+        "dispatch_mode must be a Dispatch member or a dict with dispatch_fn/collect_fn, "
+        f"got {mode!r}"
     )

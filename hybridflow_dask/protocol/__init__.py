@@ -9,6 +9,7 @@ from .batch_ops import (
 )
 from .config import AUTO_PADDING_ENV, AUTO_PADDING_KEY, DataProtoConfig
 from .data_proto import DataProto, DataProtoItem
+from .future import DataProtoFuture
 from .serialization import (
     deserialize_dataproto,
     deserialize_tensor,
@@ -20,7 +21,6 @@ from .serialization import (
     sizeof_tensor,
     sizeof_tensordict,
 )
-from .future import DataProtoFuture
 from .tensordict_ops import list_of_dict_to_dict_of_list, union_numpy_dict, union_tensor_dict
 
 __all__ = [

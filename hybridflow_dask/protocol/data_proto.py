@@ -304,7 +304,7 @@ class DataProto:
             ("meta_info", self.meta_info),
         ):
             for key in values:
-                if key in out:
+                if key in out.keys():  # noqa: SIM118 (older tensordicts refuse `in`)
                     raise ValueError(f"key {key!r} of {source} is already in the TensorDict")
         for key, array in self.non_tensor_batch.items():
             out.set(key, NonTensorStack.from_list(list(array)))
@@ -324,7 +324,7 @@ class DataProto:
         """Gather rows (already normalised int64) into a new DataProto with copied data."""
         batch = None
         if self.batch is not None:
-            batch = self.batch[torch.from_numpy(rows)]
+            batch = self.batch[torch.from_numpy(np.ascontiguousarray(rows))]
         non_tensor = {key: value[rows] for key, value in self.non_tensor_batch.items()}
         return self._with(batch, non_tensor)
 

@@ -8,6 +8,7 @@ consumer rank receives only the rows it needs and nothing passes through the dri
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -174,7 +175,7 @@ def row_ranges(rows: int, n: int, padded: bool) -> list[tuple[int, int]]:
     bounds = [0]
     for d in range(n):
         bounds.append(bounds[-1] + base + (1 if d < extra else 0))
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(itertools.pairwise(bounds))
 
 
 def take_rows(
@@ -206,7 +207,7 @@ def assemble(*pieces: tuple[np.ndarray, DataProto]) -> DataProto:
 
 def pad_after_split(n: int, padded: bool, pad: int, *lens: int) -> int:
     rows = sum(lens) - pad
-    lo, hi = row_ranges(rows, n, padded)[-1]
+    _, hi = row_ranges(rows, n, padded)[-1]
     return hi - rows if padded and rows else 0
 
 

@@ -6,7 +6,6 @@ dispatch code can reuse them on bare TensorDicts.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -55,7 +54,7 @@ def arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
         return False
     if a.dtype == object or b.dtype == object:
         return all(values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
-    if a.dtype.kind in "fc" and b.dtype.kind in "fc":
+    if a.dtype.kind in "fcmM" and b.dtype.kind == a.dtype.kind:
         return bool(np.array_equal(a, b, equal_nan=True))
     return bool(np.array_equal(a, b))
 
@@ -78,12 +77,21 @@ def values_equal(a: Any, b: Any) -> bool:
             and len(a) == len(b)
             and all(values_equal(x, y) for x, y in zip(a, b))
         )
-    if isinstance(a, float) and isinstance(b, float) and math.isnan(a) and math.isnan(b):
-        return True
     try:
-        return bool(a == b)
+        if bool(a == b):
+            return True
     except Exception:  # ambiguous or failing __eq__: treat as different
         return False
+    return _is_nan(a) and _is_nan(b)
+
+
+def _is_nan(value: Any) -> bool:
+    """NaN floats/complex and NaT datetimes (which never compare equal to themselves)."""
+    if isinstance(value, (float, complex, np.floating, np.complexfloating)):
+        return bool(np.isnan(value))
+    if isinstance(value, (np.datetime64, np.timedelta64)):
+        return bool(np.isnat(value))
+    return False
 
 
 def union_tensor_dict(tensor_dict1: TensorDictBase, tensor_dict2: TensorDictBase) -> TensorDictBase:

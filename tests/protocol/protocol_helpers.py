@@ -29,7 +29,9 @@ def assert_tensordicts_equal(a: TensorDictBase, b: TensorDictBase, where: str = 
     assert a.batch_size == b.batch_size, f"{where}: batch_size {a.batch_size} != {b.batch_size}"
     keys_a = set(a.keys(include_nested=True, leaves_only=True))
     keys_b = set(b.keys(include_nested=True, leaves_only=True))
-    assert keys_a == keys_b, f"{where}: keys {sorted(map(str, keys_a))} != {sorted(map(str, keys_b))}"
+    assert keys_a == keys_b, (
+        f"{where}: keys {sorted(map(str, keys_a))} != {sorted(map(str, keys_b))}"
+    )
     for key in keys_a:
         va, vb = a.get(key), b.get(key)
         if isinstance(va, torch.Tensor):

@@ -1,0 +1,27 @@
+"""hybridflow's settings in ``dask.config`` (namespace ``hybridflow``), defaults from YAML."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import dask.config
+import yaml
+from dask.utils import parse_bytes, parse_timedelta
+
+__all__ = ["call_timeout", "scatter_threshold"]
+
+_DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
+
+with _DEFAULTS.open() as f:
+    dask.config.update_defaults(yaml.safe_load(f))
+
+
+def call_timeout() -> float | None:
+    """Seconds to wait for a call's result (``hybridflow.call-timeout``), or ``None``."""
+    value = dask.config.get("hybridflow.call-timeout")
+    return None if value is None else parse_timedelta(value, default="seconds")
+
+
+def scatter_threshold() -> int:
+    """Bytes above which driver arguments are scattered (``hybridflow.scatter-threshold``)."""
+    return parse_bytes(dask.config.get("hybridflow.scatter-threshold"))

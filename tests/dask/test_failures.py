@@ -1,0 +1,92 @@
+"""Real failures on the Dask backend: a killed worker process, a remote exception.
+
+These tests kill worker processes, so the module starts its own small cluster (an owned
+``DaskBackend``) instead of using the session cluster that other tests share. The nanny
+restarts a killed worker at a new address, so the cluster heals between tests.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+
+import dask
+import pytest
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend, WorkerLostError
+
+
+class Sleeper(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def pid(self):
+        return os.getpid()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def nap(self, seconds):
+        time.sleep(seconds)
+        return seconds
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def ping(self):
+        return "pong"
+
+
+@pytest.fixture(scope="module")
+def own_backend():
+    backend = DaskBackend(n_workers=2)
+    yield backend
+    backend.shutdown()
+
+
+def _kill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)
+
+
+def test_worker_killed_during_a_call_fails_it_within_5s_naming_group_and_rank(
+    own_backend, hf_worker_group
+):
+    group = hf_worker_group(Sleeper, [2], backend=own_backend, name_prefix="sleepy")
+    pids = group.pid()
+    pending = group.nap(3)
+    time.sleep(0.5)  # let the call start
+    _kill(pids[1])
+    start = time.monotonic()
+    with pytest.raises(WorkerLostError, match=r"rank 1 of worker group 'sleepy'"):
+        hf.get(pending)
+    assert time.monotonic() - start < 5
+
+
+def test_worker_killed_between_calls_fails_the_next_call_within_5s(own_backend, hf_worker_group):
+    group = hf_worker_group(Sleeper, [2], backend=own_backend, name_prefix="idle")
+    pids = group.pid()
+    assert group.ping() == ["pong", "pong"]
+    _kill(pids[0])
+    start = time.monotonic()
+    with pytest.raises(WorkerLostError, match=r"rank 0 of worker group 'idle'"):
+        group.ping()
+    assert time.monotonic() - start < 5
+    # and again: later calls keep failing promptly instead of hanging
+    start = time.monotonic()
+    with pytest.raises(WorkerLostError):
+        group.ping()
+    assert time.monotonic() - start < 1
+
+
+def test_hung_worker_is_reported_after_the_call_timeout(own_backend, hf_worker_group):
+    """A stopped (SIGSTOP) process raises no error by itself: the call timeout catches it."""
+    group = hf_worker_group(Sleeper, [2], backend=own_backend, name_prefix="hung")
+    pids = group.pid()
+    os.kill(pids[1], signal.SIGSTOP)
+    try:
+        start = time.monotonic()
+        with (
+            dask.config.set({"hybridflow.call-timeout": "1s"}),
+            pytest.raises(TimeoutError, match=r"hung\.ping on rank 1"),
+        ):
+            group.ping()
+        assert time.monotonic() - start < 3
+    finally:
+        os.kill(pids[1], signal.SIGCONT)
+    assert group.ping() == ["pong", "pong"]  # resumed: the group works again
