@@ -22,6 +22,7 @@ from typing import Any
 from dask.sizeof import sizeof
 from distributed import Client, Future, fire_and_forget, wait
 
+from ..protocol import DataProtoFuture
 from . import dask_serialization  # noqa: F401  (registers the DataProto serializers)
 from .base import InstanceRef, Slot, WorkerLostError
 from .dask_cluster import ClusterChoice, start_local_cluster
@@ -29,6 +30,7 @@ from .dask_config import call_timeout, scatter_threshold
 from .dask_dashboard import GROUP_DATASET, register_group_monitor
 from .dask_host import (
     InstanceHost,
+    WorkerRunner,
     create_instance,
     destroy_instance,
     probe_worker,
@@ -44,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a waiting ``gather`` looks for dead workers.
 POLL_S = 0.1
+#: How long ``shutdown`` waits for groups' instances to be dropped.
+SHUTDOWN_WAIT_S = 5
 
 
 class DaskBackend:
@@ -92,6 +96,7 @@ class DaskBackend:
         self._priority = itertools.count()
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
+        self._destroying: list[Future] = []
         self._closed = False
         #: Bytes this driver sent to workers (scatter) and fetched from them (gather).
         self.driver_bytes = {"scattered": 0, "gathered": 0}
@@ -206,7 +211,9 @@ class DaskBackend:
             ref=ref,
         )
         fire_and_forget(fut)  # a call runs to completion even if the driver drops it
-        fut.add_done_callback(lambda f, r=ref, s=seq: self._after_call(f, r, s))
+        # The callback also keeps the call's inputs referenced until it is done, so data
+        # handed over inside an argument (an unmaterialized future) is not released early.
+        fut.add_done_callback(lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))
         return fut
 
     def submit(
@@ -250,6 +257,7 @@ class DaskBackend:
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         if self._closed:
             return
+        self._destroying = [f for f in self._destroying if not f.done()]
         for ref in refs:
             if ref.slot.address in self._dead:
                 continue
@@ -264,6 +272,7 @@ class DaskBackend:
                 ref=ref,
             )
             fire_and_forget(fut)
+            self._destroying.append(fut)
         groups = {ref.group for ref in refs}
         for group in groups:
             self._groups.pop(group, None)
@@ -280,6 +289,10 @@ class DaskBackend:
         self._closed = True
         with contextlib.suppress(Exception):  # the scheduler may already be gone
             self.client.unsubscribe_topic("all")
+            # Let groups shut down just before finish dropping their instances, so the
+            # cluster does not close under them.
+            with self.client.as_current():
+                wait([f for f in self._destroying if not f.done()], timeout=SHUTDOWN_WAIT_S)
         if self._owns_client:
             self.client.close()
         if self._owned_cluster is not None:
@@ -314,6 +327,8 @@ class DaskBackend:
     def _ship_one(self, value: Any, slot: Slot) -> Any:
         if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
             return value
+        if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
+            return value.with_runner(WorkerRunner())
         size = sizeof(value)
         if size < scatter_threshold():
             return value

@@ -12,13 +12,15 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
+import uuid
 from collections.abc import Iterator
 from typing import Any
 
-from distributed import get_worker, rejoin, secede
+from distributed import Future, get_client, get_worker, rejoin, secede
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .base import InstanceRef
+from .dask_internals import adopt_future
 from .hosting import InstanceTable, find_free_port
 
 __all__ = [
@@ -142,6 +144,24 @@ def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
 def skip_call(instance: str, driver: str, seq: int) -> None:
     """A call that will never run (its input failed): let later calls go ahead."""
     _host().order(instance, driver).finish(seq)
+
+
+class WorkerRunner:
+    """Resolves a ``DataProtoFuture`` inside a worker (``materialize_futures=False``)."""
+
+    def submit(self, fn: Any, *args: Any, slot: Any = None, label: str = "hf") -> Any:
+        options = {"workers": [slot.address], "allow_other_workers": False} if slot else {}
+        return get_client().submit(
+            fn, *args, pure=False, key=f"{label}-{uuid.uuid4().hex}", **options
+        )
+
+    def gather(self, futures: Any) -> list[Any]:
+        # Futures unpickled with a task are bound to no client: adopt them by key.
+        client = get_client()
+        return client.gather([adopt_future(client, f.key) for f in futures], direct=True)
+
+    def is_future(self, obj: Any) -> bool:
+        return isinstance(obj, Future)
 
 
 def worker_port() -> int:

@@ -252,7 +252,12 @@ def _split_data(
         if isinstance(value, DataProtoFuture):
             chunks, pad = value.route(n, slots)
             pads.append((name, pad, None))
-            return chunks
+            # One single-part future per rank: materialized where the call runs, or handed
+            # to the rank as is for methods registered with materialize_futures=False.
+            return [
+                DataProtoFuture([chunk], value.runner, 0, [slot], value.label)
+                for chunk, slot in zip(chunks, slots)
+            ]
         if not isinstance(value, DataProto):
             raise TypeError(
                 f"argument {name} must be a DataProto or DataProtoFuture for this dispatch "

@@ -54,6 +54,14 @@ class DataProtoFuture:
         pad = values.pop() if lazy_pad else self.pad
         return drop_tail(DataProto.concat(values), pad)
 
+    def with_runner(self, runner: FutureRunner) -> DataProtoFuture:
+        """The same rows, resolved through another runner (e.g. one inside a worker)."""
+        return DataProtoFuture(list(self.parts), runner, self.pad, self.slots, self.label)
+
+    def __deepcopy__(self, memo: dict) -> DataProtoFuture:
+        # Futures are handles to immutable results: copying one must not copy its runner.
+        return self.with_runner(self.runner)
+
     def __len__(self) -> int:
         raise TypeError("the length of a DataProtoFuture is not known until it is computed")
 

@@ -1,0 +1,1 @@
+"""Runnable examples of the single-controller model (``hybridflow-dask demo`` runs GRPO)."""

@@ -1,0 +1,21 @@
+"""GRPO on a toy task with fused ``actor_rollout_ref`` + ``reward`` workers over gloo.
+
+``run_demo(steps=60)`` trains a tiny causal transformer to reverse a short prompt and
+returns the per-step metrics; ``hybridflow-dask demo`` wraps it with a progress bar, a
+table, ``metrics.json`` and a reward plot.
+"""
+
+from .config import GRPOConfig
+from .driver import grpo_workers, run_demo
+from .task import ReverseTask
+from .workers import ActorRolloutRefWorker, RewardWorker, group_relative_advantages
+
+__all__ = [
+    "ActorRolloutRefWorker",
+    "GRPOConfig",
+    "ReverseTask",
+    "RewardWorker",
+    "group_relative_advantages",
+    "grpo_workers",
+    "run_demo",
+]
