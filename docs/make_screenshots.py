@@ -1,8 +1,8 @@
 """Dashboard screenshots while worker groups are busy: docs/dashboard.png, docs/dask_status.png.
 
-Starts a ``DaskBackend()`` (its own loopback cluster), makes a few groups that look like an
-RLHF step, calls them in a loop from a thread, and has headless Chromium photograph the
-``/hybridflow`` page and Dask's ``/status`` page. Needs ``chromium`` on ``PATH`` (Debian:
+Starts a ``DaskBackend()`` (its own loopback cluster), runs the GRPO demo on it from a
+thread, and has headless Chromium photograph the ``/hybridflow`` page and Dask's
+``/status`` page while it trains. Needs ``chromium`` on ``PATH`` (Debian:
 ``apt-get install chromium``). Run: ``python docs/make_screenshots.py``.
 """
 
@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
 import json
 import logging
 import os
-import random
 import shutil
 import subprocess
 import tempfile
@@ -26,58 +24,12 @@ from pathlib import Path
 
 from tornado.websocket import websocket_connect
 
-import hybridflow_dask as hf
 from hybridflow_dask.backends.dask import DaskBackend
+from hybridflow_dask.examples.grpo.driver import run_demo
 
 logger = logging.getLogger(__name__)
 
 DOCS = Path(__file__).resolve().parent
-
-
-class Rollout(hf.Worker):
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def generate_sequences(self, step: int) -> int:
-        time.sleep(random.uniform(0.05, 0.15))
-        return step
-
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def update_actor(self, step: int) -> int:
-        time.sleep(random.uniform(0.03, 0.08))
-        if step % 17 == 16 and self.rank == 1:
-            raise RuntimeError("loss is NaN")  # a few errors, so the column shows something
-        return step
-
-
-class Critic(hf.Worker):
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def compute_values(self, step: int) -> int:
-        time.sleep(random.uniform(0.02, 0.05))
-        return step
-
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def update_critic(self, step: int) -> int:
-        time.sleep(random.uniform(0.02, 0.06))
-        return step
-
-
-class Reference(hf.Worker):
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def compute_ref_log_prob(self, step: int) -> int:
-        time.sleep(random.uniform(0.01, 0.04))
-        return step
-
-
-def train(groups: dict[str, hf.WorkerGroup], stop: threading.Event) -> None:
-    """A PPO-shaped loop: generate, score with critic and reference, update both."""
-    step = 0
-    while not stop.is_set():
-        groups["actor_rollout"].generate_sequences(step)
-        groups["critic"].compute_values(step)
-        groups["ref_policy"].compute_ref_log_prob(step)
-        groups["critic"].update_critic(step)
-        with contextlib.suppress(RuntimeError):  # the planted NaN errors
-            groups["actor_rollout"].update_actor(step)
-        step += 1
 
 
 def screenshot(url: str, out: Path, wait_s: float) -> None:
@@ -85,7 +37,7 @@ def screenshot(url: str, out: Path, wait_s: float) -> None:
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     if chromium is None:
         raise SystemExit("chromium is not installed (apt-get install chromium)")
-    with tempfile.TemporaryDirectory() as profile:
+    with tempfile.TemporaryDirectory(ignore_cleanup_errors=True) as profile:
         flags = [
             "--headless",
             "--disable-gpu",
@@ -155,29 +107,21 @@ async def _capture(port: int, url: str, wait_s: float) -> bytes:
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     with DaskBackend() as backend:
-        groups = {
-            "actor_rollout": hf.WorkerGroup(
-                hf.ResourcePool([2]), Rollout, backend=backend, name_prefix="actor_rollout"
-            ),
-            "critic": hf.WorkerGroup(
-                hf.ResourcePool([2]), Critic, backend=backend, name_prefix="critic"
-            ),
-            "ref_policy": hf.WorkerGroup(
-                hf.ResourcePool([1]), Reference, backend=backend, name_prefix="ref_policy"
-            ),
-        }
-        stop = threading.Event()
-        loop = threading.Thread(target=train, args=(groups, stop), daemon=True)
+        done = threading.Event()
+
+        def train() -> None:
+            try:
+                run_demo(steps=400, backend=backend)
+            finally:
+                done.set()
+
+        loop = threading.Thread(target=train, daemon=True)
         loop.start()
-        try:
-            time.sleep(15)  # enough steps for stable percentiles and a full task stream
-            screenshot(backend.groups_page, DOCS / "dashboard.png", wait_s=2)
-            screenshot(backend.dashboard_link, DOCS / "dask_status.png", wait_s=8)
-        finally:
-            stop.set()
-            loop.join(timeout=30)
-            for group in groups.values():
-                group.shutdown()
+        time.sleep(12)  # cluster up, groups made, enough steps for stable percentiles
+        screenshot(backend.groups_page, DOCS / "dashboard.png", wait_s=2)
+        screenshot(backend.dashboard_link, DOCS / "dask_status.png", wait_s=8)
+        done.wait(timeout=300)
+        loop.join(timeout=30)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,7 @@ class WorkerGroup:
             backend = default_backend()
         cls = cls_with_init.cls
         methods = bindable_methods(cls)  # a class that cannot be bound fails before placing
-        prefix = name_prefix or f"{cls.__name__}-{uuid.uuid4().hex[:6]}"
+        prefix = name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}"
         if backend.lookup(prefix):
             raise ValueError(
                 f"a worker group named {prefix!r} already exists on this backend; pick another "

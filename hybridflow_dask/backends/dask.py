@@ -27,7 +27,7 @@ from . import dask_serialization  # noqa: F401  (registers the DataProto seriali
 from .base import InstanceRef, Slot, WorkerLostError
 from .dask_cluster import ClusterChoice, start_local_cluster
 from .dask_config import call_timeout, scatter_threshold
-from .dask_dashboard import GROUP_DATASET, register_group_monitor
+from .dask_dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .dask_host import (
     InstanceHost,
     WorkerRunner,
@@ -185,7 +185,7 @@ class DaskBackend:
             self._ship(args, ref.slot),
             self._ship(kwargs, ref.slot),
             env,
-            key=f"{ref.group}.__init__-{uuid.uuid4().hex}",
+            label=f"{ref.group}.__init__",
             slot=ref.slot,
             ref=ref,
         )
@@ -206,7 +206,7 @@ class DaskBackend:
             method,
             args,
             kwargs,
-            key=f"{label}-{uuid.uuid4().hex}",
+            label=label,
             slot=ref.slot,
             ref=ref,
         )
@@ -222,7 +222,7 @@ class DaskBackend:
         self._check_open()
         if slot is not None:
             self._check_alive(slot, None)
-        return self._submit(fn, *args, key=f"{label}-{uuid.uuid4().hex}", slot=slot, ref=None)
+        return self._submit(fn, *args, label=label, slot=slot, ref=None)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
         """Wait for all, failing early on an error or a dead worker, then fetch directly."""
@@ -267,7 +267,7 @@ class DaskBackend:
                 ref,
                 self.driver_id,
                 seq,
-                key=f"{ref.group}.__del__-{uuid.uuid4().hex}",
+                label=f"{ref.group}.__del__",
                 slot=ref.slot,
                 ref=ref,
             )
@@ -304,10 +304,11 @@ class DaskBackend:
         self,
         fn: Callable[..., Any],
         *args: Any,
-        key: str,
+        label: str,
         slot: Slot | None,
         ref: InstanceRef | None,
     ) -> Future:
+        key = task_key(label)
         options: dict[str, Any] = {"key": key, "pure": False}
         if slot is not None:
             options.update(workers=[slot.address], allow_other_workers=False)
@@ -359,7 +360,7 @@ class DaskBackend:
                         workers=[ref.slot.address],
                         allow_other_workers=False,
                         pure=False,
-                        key=f"{ref.group}.__skip__-{uuid.uuid4().hex}",
+                        key=task_key(f"{ref.group}.__skip__"),
                         priority=1_000_000,
                     )
                 )

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from typing import Any
 
 from distributed import Client, SchedulerPlugin
@@ -28,7 +29,7 @@ from tornado import web
 from .base import InstanceRef
 from .dashboard_page import CallStats, group_view, label_of, locate, render_html
 
-__all__ = ["GROUP_DATASET", "PLUGIN_NAME", "GroupMonitor", "register_group_monitor"]
+__all__ = ["GROUP_DATASET", "PLUGIN_NAME", "GroupMonitor", "register_group_monitor", "task_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -114,7 +115,26 @@ class GroupMonitor(SchedulerPlugin):
 
     def _locate(self, key: Any) -> tuple[str, str, bool] | None:
         label = label_of(key)
-        return None if label is None else locate(label, self._published)
+        if label is None:
+            return None
+        # Keys carry the group name with hyphens made underscores (see ``task_key``).
+        real = {
+            name[len(GROUP_DATASET) :].replace("-", "_"): name[len(GROUP_DATASET) :]
+            for name in self._datasets()
+            if isinstance(name, str) and name.startswith(GROUP_DATASET)
+        }
+        found = locate(label, real.__contains__)
+        return None if found is None else (real[found[0]], *found[1:])
+
+
+def task_key(label: str) -> str:
+    """A unique task key ``"{group}.{method}-<uuid hex>"`` for a call labelled ``label``.
+
+    Hyphens in the label become underscores: Dask's ``key_split`` cuts a key at its first
+    hyphen, which would show ``actor`` for every task of group ``actor-rollout`` in its
+    dashboard instead of ``actor_rollout.generate_sequences``.
+    """
+    return f"{label.replace('-', '_')}-{uuid.uuid4().hex}"
 
 
 def _compute_time(startstops: Any) -> float | None:

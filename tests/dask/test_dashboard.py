@@ -156,3 +156,16 @@ def test_html_escapes_names_and_marks_dead_ranks():
     assert "1 dead" in page
     assert page.count('<span class="dead">dead</span>') == 1
     assert page.count('<span class="alive">alive</span>') == 1
+
+
+def test_hyphenated_group_names_keep_group_and_method_in_dask_task_prefixes(
+    hf_dask_backend, hf_worker_group
+):
+    group = hf_worker_group(Echo, [1], backend=hf_dask_backend, name_prefix="actor-rollout")
+    group.echo(1)
+
+    def prefixes(dask_scheduler):
+        return sorted(dask_scheduler.task_prefixes)
+
+    assert "actor_rollout.echo" in hf_dask_backend.client.run_on_scheduler(prefixes)
+    assert groups_json(hf_dask_backend)["actor-rollout"]["methods"]["echo"]["calls"] == 1

@@ -67,8 +67,8 @@ def grpo_workers(
 
 
 def _group_name() -> str:
-    """``grpo-<id>``: how the group's tasks are labelled in the Dask dashboard."""
-    return f"grpo-{uuid.uuid4().hex[:6]}"
+    """``grpo_<id>``: how the group's tasks are labelled in the Dask dashboard."""
+    return f"grpo_{uuid.uuid4().hex[:6]}"
 
 
 def run_demo(
