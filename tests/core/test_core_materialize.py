@@ -32,9 +32,7 @@ class Consumer(hf.Worker):
         )
 
 
-def test_futures_are_materialized_on_the_ranks_by_default_or_left_to_them(
-    backend, hf_worker_group
-):
+def test_futures_are_materialized_on_the_ranks_by_default_or_left_to_them(backend, hf_worker_group):
     producer = hf_worker_group(Producer, [2], backend=backend)
     consumer = hf_worker_group(Consumer, [2], backend=backend)
     data = hf.DataProto.from_dict({"x": torch.arange(6.0)})
