@@ -30,6 +30,7 @@ class Placement:
     slots: list[Slot]
     users: int = 0
     rendezvous: dict[tuple[int, int], tuple[str, int]] = field(default_factory=dict)
+    replaced: dict[Slot, Slot] = field(default_factory=dict)
 
 
 class ResourcePool:
@@ -147,6 +148,22 @@ class ResourcePool:
                 slot = slots[0]
                 placement.rendezvous[key] = (slot.host, backend.free_port(slot))
             return placement.rendezvous[key]
+
+    def replace_slot(self, backend: Backend, dead: Slot) -> Slot:
+        """The slot that takes a dead one's place, the same for every group on the pool.
+
+        Colocated groups recovering one after another land in the same new process.
+        """
+        root, _ = self._root()
+        with root._lock:
+            placement = root._placement
+            if placement is None or placement.backend is not backend:
+                raise RuntimeError("replace_slot asked for a pool that holds no slots")
+            if dead not in placement.replaced:
+                new = backend.replace(dead)
+                placement.replaced[dead] = new
+                placement.slots = [new if s == dead else s for s in placement.slots]
+            return placement.replaced[dead]
 
     def _root(self) -> tuple[ResourcePool, int]:
         pool, offset = self, 0

@@ -96,25 +96,13 @@ class WorkerGroup:
             refs = [
                 InstanceRef(prefix, rank, slot, cls.__name__) for rank, slot in enumerate(slots)
             ]
-            local_ranks = resource_pool.local_rank_list()
-            local_sizes = resource_pool.local_world_size_list()
+            envs = [
+                _rank_env(resource_pool, rank, len(refs), addr, port, env_extra)
+                for rank in range(len(refs))
+            ]
             futures = [
-                backend.create(
-                    ref,
-                    cls,
-                    cls_with_init.args,
-                    cls_with_init.kwargs,
-                    {
-                        **env_extra,
-                        "RANK": str(ref.rank),
-                        "WORLD_SIZE": str(len(refs)),
-                        "LOCAL_RANK": str(local_ranks[ref.rank]),
-                        "LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
-                        "MASTER_ADDR": addr,
-                        "MASTER_PORT": str(port),
-                    },
-                )
-                for ref in refs
+                backend.create(ref, cls, cls_with_init.args, cls_with_init.kwargs, env)
+                for ref, env in zip(refs, envs)
             ]
             try:
                 backend.gather(futures)
@@ -125,6 +113,8 @@ class WorkerGroup:
             resource_pool.release()
             raise
         self._setup(backend, prefix, cls, refs, resource_pool, owner=True, methods=methods)
+        self._cls_with_init = cls_with_init
+        self._envs = envs
         logger.info("created worker group %s: %d x %s", prefix, len(refs), cls.__name__)
 
     def _setup(
@@ -236,6 +226,43 @@ class WorkerGroup:
         return self._backend.gather([self.execute_rank_zero_async(method_name, *args, **kwargs)])[0]
 
     execute_rank_zero = execute_rank_zero_async
+
+    def recover(self) -> list[int]:
+        """Re-create the ranks whose worker died; return their numbers.
+
+        Each dead rank is built again, with its constructor arguments and rank
+        environment, on a live worker of the same host (the same one for every group on
+        the pool, so colocation holds). Its state is lost: a recovered rank starts from
+        ``__init__``, and collectives must be set up again by the caller.
+        """
+        if not self._owner or self._pool is None:
+            raise ValueError(
+                "only the group that created the instances can recover them (not a spawned "
+                "or detached view)"
+            )
+        dead = [ref.rank for ref in self._refs if not self._backend.alive(ref.slot)]
+        if not dead:
+            return []
+        cwia = self._cls_with_init
+        new_refs = {
+            rank: InstanceRef(
+                self.name_prefix,
+                rank,
+                self._pool.replace_slot(self._backend, self._refs[rank].slot),
+                self._cls.__name__,
+            )
+            for rank in dead
+        }
+        self._backend.gather(
+            [
+                self._backend.create(ref, self._cls, cwia.args, cwia.kwargs, self._envs[rank])
+                for rank, ref in new_refs.items()
+            ]
+        )
+        for rank, ref in new_refs.items():
+            self._refs[rank] = ref  # in place: spawned role views share this list
+        logger.warning("recovered ranks %s of worker group %s", dead, self.name_prefix)
+        return dead
 
     def shutdown(self) -> None:
         """Drop the instances and give the pool's slots back (idempotent)."""
@@ -372,6 +399,21 @@ class WorkerGroup:
                 f"{self._cls.__name__} has no method {method_name!r}; "
                 f"registered methods: {sorted(registered_methods(self._cls))}"
             )
+
+
+def _rank_env(
+    pool: ResourcePool, rank: int, world_size: int, addr: str, port: int, extra: dict[str, str]
+) -> dict[str, str]:
+    """What a rank finds in ``os.environ`` before its class body runs."""
+    return {
+        **extra,
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world_size),
+        "LOCAL_RANK": str(pool.local_rank_list()[rank]),
+        "LOCAL_WORLD_SIZE": str(pool.local_world_size_list()[rank]),
+        "MASTER_ADDR": addr,
+        "MASTER_PORT": str(port),
+    }
 
 
 def _check_env(worker_env: dict[str, str] | None) -> dict[str, str]:

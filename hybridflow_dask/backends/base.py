@@ -135,6 +135,10 @@ class Backend(Protocol):
         """Whether the process behind ``slot`` is still the one instances were made in."""
         ...
 
+    def replace(self, slot: Slot) -> Slot:
+        """A live slot on the same host as a dead one, to re-create its instances on."""
+        ...
+
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         """Drop instances (a group's shutdown)."""
         ...

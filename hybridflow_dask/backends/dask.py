@@ -46,6 +46,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a waiting ``gather`` looks for dead workers.
 POLL_S = 0.1
+#: How long ``replace`` waits for a worker to take a dead one's place.
+REPLACE_WAIT_S = 60
 #: How long ``shutdown`` waits for groups' instances to be dropped.
 SHUTDOWN_WAIT_S = 5
 
@@ -159,6 +161,27 @@ class DaskBackend:
         logger.debug("placed pool %s on %s", name, [s.address for s in slots])
         return slots
 
+    def replace(self, slot: Slot) -> Slot:
+        """A free live worker on the dead slot's host (the nanny restarts a killed worker
+        there at a new address within seconds); waits up to ``REPLACE_WAIT_S``."""
+        self._check_open()
+        deadline = time.monotonic() + REPLACE_WAIT_S
+        while True:
+            with self._lock:
+                for info in self._free_workers():
+                    if info.host == slot.host and info.has_gpu == slot.device.startswith("cuda"):
+                        self._taken.add(info.address)
+                        self._taken.discard(slot.address)
+                        return Slot(
+                            slot.index, info.address, info.host, slot.node, info.device, info.name
+                        )
+            if time.monotonic() > deadline:
+                raise WorkerLostError(
+                    f"no free live worker on host {slot.host} to replace {slot.address} after "
+                    f"{REPLACE_WAIT_S}s"
+                )
+            time.sleep(0.2)
+
     def release(self, slots: Sequence[Slot]) -> None:
         with self._lock:
             self._taken.difference_update(s.address for s in slots)
@@ -175,8 +198,9 @@ class DaskBackend:
         self._check_alive(ref.slot, ref)
         with self._lock:
             self._seq[self._order_key(ref)] = 0
-            self._groups.setdefault(ref.group, []).append(ref)
-            members = list(self._groups[ref.group])
+            members = [r for r in self._groups.get(ref.group, []) if r.rank != ref.rank]
+            members.append(ref)
+            self._groups[ref.group] = members
         self.client.publish_dataset(**{GROUP_DATASET + ref.group: members}, override=True)
         fut = self._submit(
             create_instance,

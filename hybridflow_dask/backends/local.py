@@ -109,6 +109,9 @@ class LocalBackend:
     def alive(self, slot: Slot) -> bool:
         return not self._closed
 
+    def replace(self, slot: Slot) -> Slot:
+        return slot  # the driver process is every slot; it cannot die under its own feet
+
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         for ref in refs:
             self._table.remove(ref.name)

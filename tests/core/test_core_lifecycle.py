@@ -62,6 +62,15 @@ def test_from_detached_attaches_by_name(backend, hf_worker_group):
     assert owner.contents() == [["x", "y"], ["x", "y"]]
     with pytest.raises(ValueError, match="no worker group"):
         WorkerGroup.from_detached(unique("missing"), Keeper, backend=backend)
+    with pytest.raises(ValueError, match="only the group that created the instances"):
+        attached.recover()
+
+
+def test_recover_with_every_rank_alive_changes_nothing(backend, hf_worker_group):
+    group = hf_worker_group(Keeper, [2], backend=backend)
+    group.append("kept")
+    assert group.recover() == []
+    assert group.contents() == [["kept"], ["kept"]]
 
 
 def test_context_manager_shuts_the_group_down(backend):

@@ -90,3 +90,33 @@ def test_hung_worker_is_reported_after_the_call_timeout(own_backend, hf_worker_g
     finally:
         os.kill(pids[1], signal.SIGCONT)
     assert group.ping() == ["pong", "pong"]  # resumed: the group works again
+
+
+class Counter(hf.Worker):
+    def __init__(self, start: int) -> None:
+        self.count = start
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def bump(self):
+        self.count += 1
+        return self.count, os.getpid()
+
+
+def test_recover_recreates_dead_ranks_on_a_new_process_for_every_group_on_the_pool(
+    own_backend, hf_worker_group
+):
+    pool = hf.ResourcePool([2])
+    counters = hf_worker_group(hf.ClassWithInitArgs(Counter, 10), pool, backend=own_backend)
+    sleepers = hf_worker_group(Sleeper, pool, backend=own_backend)
+    before = counters.bump()
+    assert [c for c, _ in before] == [11, 11]
+    _kill(before[1][1])
+    with pytest.raises(WorkerLostError):
+        counters.bump()  # still runs on the live rank 0 (count 12 there)
+    assert counters.recover() == [1]
+    assert sleepers.recover() == [1]
+    assert counters.recover() == []  # nothing left to recover
+    after = counters.bump()
+    assert after[0] == (13, before[0][1])  # the survivor kept its state and process
+    assert after[1][0] == 11 and after[1][1] != before[1][1]  # rebuilt from __init__, new pid
+    assert sleepers.pid() == [before[0][1], after[1][1]]  # colocation holds after recovery
