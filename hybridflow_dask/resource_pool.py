@@ -159,11 +159,15 @@ class ResourcePool:
             placement = root._placement
             if placement is None or placement.backend is not backend:
                 raise RuntimeError("replace_slot asked for a pool that holds no slots")
-            if dead not in placement.replaced:
-                new = backend.replace(dead)
-                placement.replaced[dead] = new
-                placement.slots = [new if s == dead else s for s in placement.slots]
-            return placement.replaced[dead]
+            slot = dead
+            while slot in placement.replaced:  # an earlier replacement may have died too
+                slot = placement.replaced[slot]
+            if not backend.alive(slot):
+                new = backend.replace(slot)
+                placement.replaced[slot] = new
+                placement.slots = [new if s == slot else s for s in placement.slots]
+                slot = new
+            return slot
 
     def _root(self) -> tuple[ResourcePool, int]:
         pool, offset = self, 0

@@ -68,6 +68,9 @@ def get(x: Any) -> Any:
         return x.backend.gather(x)
     if isinstance(x, (list, tuple)):
         return type(x)(get(item) for item in x)
+    backend = _default
+    if backend is not None and backend.is_future(x):
+        return backend.gather([x])[0]  # fails fast if its worker died
     if hasattr(x, "result") and callable(x.result):
         return x.result()
     raise TypeError(f"hybridflow_dask.get cannot materialize a {type(x).__name__}")

@@ -17,7 +17,7 @@ from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_
 from .decorators.dispatch import DispatchFns
 from .protocol import DataProto, DataProtoFuture, unpad_dataproto
 from .resource_pool import ResourcePool
-from .worker import ClassWithInitArgs
+from .worker import RANK_ENV_KEYS, ClassWithInitArgs
 
 __all__ = ["WorkerGroup", "bindable_methods", "registered_methods"]
 
@@ -97,8 +97,8 @@ class WorkerGroup:
                 InstanceRef(prefix, rank, slot, cls.__name__) for rank, slot in enumerate(slots)
             ]
             envs = [
-                _rank_env(resource_pool, rank, len(refs), addr, port, env_extra)
-                for rank in range(len(refs))
+                _rank_env(resource_pool, ref.slot, ref.rank, len(refs), addr, port, env_extra)
+                for ref in refs
             ]
             futures = [
                 backend.create(ref, cls, cls_with_init.args, cls_with_init.kwargs, env)
@@ -128,6 +128,7 @@ class WorkerGroup:
         owner: bool,
         method_prefix: str = "",
         methods: dict[str, tuple[MethodSpec, DispatchFns]] | None = None,
+        parent: WorkerGroup | None = None,
     ) -> None:
         self._backend = backend
         self.name_prefix = prefix
@@ -137,6 +138,7 @@ class WorkerGroup:
         self._owner = owner
         self._method_prefix = method_prefix
         self._closed = False
+        self._parent = parent  # a spawned role view is closed with the fused group
         self._dispatch_cache: dict[str, tuple[list[int], list[bool]]] = {}
         for name, (spec, fns) in (bindable_methods(cls) if methods is None else methods).items():
             setattr(self, name, self._make_method(name, spec, fns))
@@ -189,6 +191,7 @@ class WorkerGroup:
                 None,
                 owner=False,
                 method_prefix=f"{role}_",
+                parent=self,
             )
             views[role] = view
         return views
@@ -356,7 +359,7 @@ class WorkerGroup:
         *,
         split: bool = True,
     ) -> list[Any]:
-        if self._closed:
+        if self._closed or (self._parent is not None and self._parent._closed):
             raise RuntimeError(f"worker group {self.name_prefix} is shut down")
         n = self.world_size
         target = self._method_prefix + method_name
@@ -392,9 +395,7 @@ class WorkerGroup:
         return result
 
     def _check_method(self, method_name: str) -> None:
-        if not isinstance(method_name, str) or not callable(
-            getattr(self._cls, self._method_prefix + method_name, None)
-        ):
+        if not isinstance(method_name, str) or not callable(getattr(self._cls, method_name, None)):
             raise ValueError(
                 f"{self._cls.__name__} has no method {method_name!r}; "
                 f"registered methods: {sorted(registered_methods(self._cls))}"
@@ -402,10 +403,10 @@ class WorkerGroup:
 
 
 def _rank_env(
-    pool: ResourcePool, rank: int, world_size: int, addr: str, port: int, extra: dict[str, str]
+    pool: ResourcePool, slot: Slot, rank: int, world_size: int, addr: str, port: int, extra: dict
 ) -> dict[str, str]:
     """What a rank finds in ``os.environ`` before its class body runs."""
-    return {
+    env = {
         **extra,
         "RANK": str(rank),
         "WORLD_SIZE": str(world_size),
@@ -414,6 +415,9 @@ def _rank_env(
         "MASTER_ADDR": addr,
         "MASTER_PORT": str(port),
     }
+    if slot.device.startswith("cuda:"):  # the one GPU this slot's process owns
+        env["CUDA_VISIBLE_DEVICES"] = slot.device.split(":", 1)[1]
+    return env
 
 
 def _check_env(worker_env: dict[str, str] | None) -> dict[str, str]:
@@ -423,7 +427,10 @@ def _check_env(worker_env: dict[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in worker_env.items()
     ):
         raise TypeError("worker_env must be a dict of str to str")
-    clash = sorted(set(worker_env) & {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE"})
+    clash = sorted(set(worker_env) & {*RANK_ENV_KEYS, "CUDA_VISIBLE_DEVICES"})
     if clash:
-        raise ValueError(f"worker_env may not set {clash}: the group assigns them per rank")
+        raise ValueError(
+            f"worker_env may not set {clash}: the group assigns them per rank (rendezvous and "
+            "devices included)"
+        )
     return dict(worker_env)

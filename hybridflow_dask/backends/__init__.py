@@ -1,24 +1,17 @@
 """Backends: what runs the workers. ``Backend`` is the interface; the rest implement it."""
 
-from .base import Backend, BackendFuture, InstanceRef, Slot, WorkerLostError
+from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
+from .dask import DaskBackend
 from .local import LocalBackend, LocalFuture
 
 __all__ = [
     "Backend",
     "BackendFuture",
     "DaskBackend",
+    "FutureList",
     "InstanceRef",
     "LocalBackend",
     "LocalFuture",
     "Slot",
     "WorkerLostError",
 ]
-
-
-def __getattr__(name: str):
-    # DaskBackend pulls in distributed; import it when asked for, not on every import.
-    if name == "DaskBackend":
-        from .dask import DaskBackend
-
-        return DaskBackend
-    raise AttributeError(name)

@@ -7,6 +7,7 @@ this line and are the same code for every backend.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -46,11 +47,19 @@ class InstanceRef:
     rank: int
     slot: Slot
     cls_name: str = ""
-    extra: dict = field(default_factory=dict, compare=False, hash=False)
+    #: Tells apart instances that reuse a group name and rank (a group made again, a
+    #: recovered rank), so a late teardown of the old one never touches the new one.
+    uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
     @property
     def name(self) -> str:
+        """``"{group}/{rank}"``: how people see the rank."""
         return f"{self.group}/{self.rank}"
+
+    @property
+    def key(self) -> str:
+        """Unique per instance: what backends index instances and call order by."""
+        return f"{self.name}#{self.uid}"
 
 
 class FutureList(list):

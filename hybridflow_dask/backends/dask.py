@@ -16,6 +16,7 @@ import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -26,7 +27,7 @@ from ..protocol import DataProtoFuture
 from . import dask_serialization  # noqa: F401  (registers the DataProto serializers)
 from .base import InstanceRef, Slot, WorkerLostError
 from .dask_cluster import ClusterChoice, start_local_cluster
-from .dask_config import call_timeout, scatter_threshold
+from .dask_config import call_timeout, max_local_workers, scatter_threshold
 from .dask_dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .dask_host import (
     InstanceHost,
@@ -94,7 +95,10 @@ class DaskBackend:
         self._taken: set[str] = set()
         self._dead: dict[str, str] = {}
         self._seq: dict[str, int] = {}
-        self._where: dict[str, tuple[Slot, InstanceRef | None]] = {}
+        #: key -> (slot, instance or None, the worker addresses it needs alive: its own and
+        #: those of every input it depends on). Entries leave when their Future is freed.
+        self._where: dict[str, tuple[Slot, InstanceRef | None, frozenset[str]]] = {}
+        self._hosted: dict[str, InstanceRef] = {}  # worker address -> an instance there
         self._priority = itertools.count()
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
@@ -137,6 +141,14 @@ class DaskBackend:
             free = self._free_workers()
             if self._owned_cluster is not None and len(free) < need and self._can_grow():
                 total = len(self._workers())
+                limit = max_local_workers()
+                if total + need - len(free) > limit:
+                    raise ValueError(
+                        f"the pool needs {need} worker processes; the local cluster has "
+                        f"{len(free)} free of {total} and may grow to "
+                        f"hybridflow.max-local-workers={limit}: use a smaller pool, shut down "
+                        "other groups, or raise the limit"
+                    )
                 self._owned_cluster.scale(total + need - len(free))
                 self.client.wait_for_workers(total + need - len(free), timeout=120)
                 free = self._free_workers()
@@ -144,6 +156,11 @@ class DaskBackend:
             if use_gpu is None:
                 use_gpu = bool(gpu_workers) and len(gpu_workers) >= need
             if use_gpu and not gpu_workers:
+                if any(p.get("device", "cpu") != "cpu" for p in self._probe.values()):
+                    raise ValueError(
+                        "the pool asks for GPUs (use_gpu=True) but every GPU worker of this "
+                        "cluster is taken by other pools; shut some groups down first"
+                    )
                 raise ValueError(
                     "the pool asks for GPUs (use_gpu=True) but no worker of this cluster has "
                     "one; use use_gpu=None/False or start GPU workers (dask cuda worker)"
@@ -197,7 +214,8 @@ class DaskBackend:
     ) -> Future:
         self._check_alive(ref.slot, ref)
         with self._lock:
-            self._seq[self._order_key(ref)] = 0
+            self._seq[ref.key] = 0
+            self._hosted[ref.slot.address] = ref
             members = [r for r in self._groups.get(ref.group, []) if r.rank != ref.rank]
             members.append(ref)
             self._groups[ref.group] = members
@@ -222,18 +240,22 @@ class DaskBackend:
         args = self._ship(args, ref.slot)
         kwargs = self._ship(kwargs, ref.slot)
         seq = self._next_seq(ref)
-        fut = self._submit(
-            run_call,
-            ref,
-            self.driver_id,
-            seq,
-            method,
-            args,
-            kwargs,
-            label=label,
-            slot=ref.slot,
-            ref=ref,
-        )
+        try:
+            fut = self._submit(
+                run_call,
+                ref,
+                self.driver_id,
+                seq,
+                method,
+                args,
+                kwargs,
+                label=label,
+                slot=ref.slot,
+                ref=ref,
+            )
+        except BaseException:
+            self._skip(ref, seq)  # e.g. an argument that cannot be pickled: never sent
+            raise
         fire_and_forget(fut)  # a call runs to completion even if the driver drops it
         # The callback also keeps the call's inputs referenced until it is done, so data
         # handed over inside an argument (an unmaterialized future) is not released early.
@@ -297,6 +319,9 @@ class DaskBackend:
             )
             fire_and_forget(fut)
             self._destroying.append(fut)
+        with self._lock:
+            for ref in refs:
+                self._seq.pop(ref.key, None)
         groups = {ref.group for ref in refs}
         for group in groups:
             self._groups.pop(group, None)
@@ -310,8 +335,13 @@ class DaskBackend:
     def shutdown(self) -> None:
         if self._closed:
             return
+        if self._owned_cluster is None:
+            # Groups never shut down must not outlive the backend on a cluster it attached
+            # to (their instances and published names would linger there).
+            with contextlib.suppress(Exception):  # the scheduler may already be gone
+                self.destroy([ref for refs in list(self._groups.values()) for ref in refs])
         self._closed = True
-        with contextlib.suppress(Exception):  # the scheduler may already be gone
+        with contextlib.suppress(Exception):
             self.client.unsubscribe_topic("all")
             # Let groups shut down just before finish dropping their instances, so the
             # cluster does not close under them.
@@ -336,12 +366,16 @@ class DaskBackend:
         options: dict[str, Any] = {"key": key, "pure": False}
         if slot is not None:
             options.update(workers=[slot.address], allow_other_workers=False)
-            self._where[key] = (slot, ref)
         if ref is not None:
             options["priority"] = -next(self._priority)
-        if len(self._where) > 50_000:
-            self._prune_where()
-        return self.client.submit(fn, *args, **options)
+        future = self.client.submit(fn, *args, **options)
+        if slot is not None:
+            needs = {slot.address}
+            for dep in _futures_in(args):
+                needs |= self._where.get(dep.key, (None, None, frozenset()))[2]
+            self._where[key] = (slot, ref, frozenset(needs))
+            weakref.finalize(future, self._where.pop, key, None)
+        return future
 
     def _ship(self, values: Any, slot: Slot) -> Any:
         """Scatter large driver values straight to ``slot``'s worker (never via the graph)."""
@@ -361,35 +395,37 @@ class DaskBackend:
         return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]
 
     def _next_seq(self, ref: InstanceRef) -> int:
-        key = self._order_key(ref)
+        key = ref.key
         with self._lock:
             seq = self._seq.get(key, 0) + 1
             self._seq[key] = seq
             return seq
 
-    def _order_key(self, ref: InstanceRef) -> str:
-        return ref.name
-
     def _after_call(self, fut: Future, ref: InstanceRef, seq: int) -> None:
-        if fut.status == "error" and not self._closed and ref.slot.address not in self._dead:
-            # The task may have failed before running (a failed input): tell the worker
-            # to stop waiting for it. A no-op if the call did run.
-            try:
-                fire_and_forget(
-                    self.client.submit(
-                        skip_call,
-                        ref.name,
-                        self.driver_id,
-                        seq,
-                        workers=[ref.slot.address],
-                        allow_other_workers=False,
-                        pure=False,
-                        key=task_key(f"{ref.group}.__skip__"),
-                        priority=1_000_000,
-                    )
+        # An errored or cancelled call may never have run (its input failed): tell the
+        # worker to stop waiting for it. A no-op when the call did run.
+        if fut.status in ("error", "cancelled"):
+            self._skip(ref, seq)
+
+    def _skip(self, ref: InstanceRef, seq: int) -> None:
+        if self._closed or ref.slot.address in self._dead:
+            return
+        try:
+            fire_and_forget(
+                self.client.submit(
+                    skip_call,
+                    ref.key,
+                    self.driver_id,
+                    seq,
+                    workers=[ref.slot.address],
+                    allow_other_workers=False,
+                    pure=False,
+                    key=task_key(f"{ref.group}.__skip__"),
+                    priority=1_000_000,
                 )
-            except Exception:  # the client is closing
-                logger.debug("could not send skip for %s seq %d", ref.name, seq)
+            )
+        except Exception:  # the client is closing
+            logger.debug("could not send skip for %s seq %d", ref.name, seq)
 
     def _on_scheduler_event(self, event: Any) -> None:
         _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
@@ -403,17 +439,26 @@ class DaskBackend:
                 logger.warning("worker %s left the cluster; the ranks it hosted are lost", address)
 
     def _raise_if_lost(self, futures: Sequence[Future]) -> None:
+        """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
         if not self._dead:
             return
         for fut in futures:
-            slot, ref = self._where.get(fut.key, (None, None))
+            slot, ref, needs = self._where.get(fut.key, (None, None, frozenset()))
             if slot is not None and slot.address in self._dead:
                 raise _lost(slot, ref)
+            for address in sorted(needs & self._dead.keys()):
+                host = self._hosted.get(address)
+                raise WorkerLostError(
+                    f"{str(fut.key).rsplit('-', 1)[0]} depends on data from Dask worker "
+                    f"{address}"
+                    + (f" (rank {host.rank} of worker group {host.group!r})" if host else "")
+                    + ", which died; the data is lost (see WorkerGroup.recover)"
+                )
 
     def _still_running(self, pending: Sequence[Future], limit: float) -> str:
         where = []
         for fut in pending[:4]:
-            _, ref = self._where.get(fut.key, (None, None))
+            _, ref, _ = self._where.get(fut.key, (None, None, frozenset()))
             label = str(fut.key).rsplit("-", 1)[0]
             where.append(f"{label} on rank {ref.rank}" if ref else label)
         return (
@@ -452,15 +497,21 @@ class DaskBackend:
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"
 
-    def _prune_where(self) -> None:
-        live = set(self.client.futures)
-        for key in [k for k in self._where if k not in live]:
-            self._where.pop(key, None)
-
 
 def _lost(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
     who = f"rank {ref.rank} of worker group {ref.group!r}" if ref else f"slot {slot.index}"
     return WorkerLostError(
         f"the Dask worker {slot.address} hosting {who} died; its instances and results "
-        "are lost (create the group again)"
+        "are lost (WorkerGroup.recover() rebuilds the rank on a live worker)"
     )
+
+
+def _futures_in(values: Any, depth: int = 2) -> list[Future]:
+    """Futures among task arguments (top level, and inside the tuples/dicts we pass)."""
+    found: list[Future] = []
+    for value in values.values() if isinstance(values, dict) else values:
+        if isinstance(value, Future):
+            found.append(value)
+        elif depth and isinstance(value, (tuple, list, dict)):
+            found.extend(_futures_in(value, depth - 1))
+    return found

@@ -12,7 +12,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import threading
-import uuid
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,6 +19,7 @@ from distributed import Future, get_client, get_worker, rejoin, secede
 from distributed.diagnostics.plugin import WorkerPlugin
 
 from .base import InstanceRef
+from .dask_dashboard import task_key
 from .dask_internals import adopt_future
 from .hosting import InstanceTable, find_free_port
 
@@ -42,7 +42,6 @@ class CallOrder:
 
     def __init__(self) -> None:
         self.next = 1
-        self.waits = 0  # calls that arrived early and had to wait: a health metric
         self.skipped: set[int] = set()
         self.cond = threading.Condition()
 
@@ -53,7 +52,6 @@ class CallOrder:
         with self.cond:
             if self.ready(seq):
                 return
-            self.waits += 1
         secede()  # free the thread slot so earlier calls (and their inputs) can run
         with self.cond:
             self.cond.wait_for(lambda: self.ready(seq))
@@ -117,28 +115,25 @@ def _host() -> InstanceHost:
 # ---- task functions (run as pinned tasks on the worker) ------------------------------
 
 
-def create_instance(ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> dict:
-    """Construct the instance with the rank's environment; report where it landed."""
-    host = _host()
-    host.table.create(ref, cls, args, kwargs, env, restore=False)
-    import os
-
-    return {"pid": os.getpid(), "address": host.worker.address}
+def create_instance(ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> None:
+    """Construct the instance with the rank's environment in this worker process."""
+    _host().table.create(ref, cls, args, kwargs, env, restore=False)
 
 
 def run_call(
     ref: InstanceRef, driver: str, seq: int, method: str, args: tuple, kwargs: dict
 ) -> Any:
     host = _host()
-    with host.turn(ref.name, driver, seq):
+    host.table.get(ref.key)  # gone (group shut down): fail now rather than wait for a turn
+    with host.turn(ref.key, driver, seq):
         return host.table.invoke(ref, method, args, kwargs, restore=False)
 
 
 def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
     host = _host()
-    with host.turn(ref.name, driver, seq):
+    with host.turn(ref.key, driver, seq):
         pass
-    host.forget(ref.name)
+    host.forget(ref.key)
 
 
 def skip_call(instance: str, driver: str, seq: int) -> None:
@@ -151,9 +146,7 @@ class WorkerRunner:
 
     def submit(self, fn: Any, *args: Any, slot: Any = None, label: str = "hf") -> Any:
         options = {"workers": [slot.address], "allow_other_workers": False} if slot else {}
-        return get_client().submit(
-            fn, *args, pure=False, key=f"{label}-{uuid.uuid4().hex}", **options
-        )
+        return get_client().submit(fn, *args, pure=False, key=task_key(label), **options)
 
     def gather(self, futures: Any) -> list[Any]:
         # Futures unpickled with a task are bound to no client: adopt them by key.

@@ -3,8 +3,8 @@
 Importing this module registers the protocol layer's header/frames functions with
 Dask's serializer family ``"dask"`` (used for worker-to-worker transfers, scatter and
 gather). ``hybridflow_dask`` imports it, so the registration is in effect in the
-driver and in every worker that unpickles one of our tasks; the Dask backend's worker
-plugin imports it too, before any data arrives.
+driver and in every worker: the backend registers its worker plugin before any data is
+sent, and unpickling that plugin imports ``hybridflow_dask``.
 """
 
 from __future__ import annotations

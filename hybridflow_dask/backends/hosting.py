@@ -73,7 +73,8 @@ class InstanceTable:
             return self._instances[name]
         except KeyError:
             raise LookupError(
-                f"no instance {name!r} in this process (was its worker restarted?)"
+                f"instance {name.split('#')[0]!r} is not in this worker process: its group "
+                "was shut down, or the worker restarted (see WorkerGroup.recover)"
             ) from None
 
     def create(
@@ -86,18 +87,18 @@ class InstanceTable:
                 annotate_error(exc, ref, "__init__")
                 raise
         with self._lock:
-            self._instances[ref.name] = obj
-            self._envs[ref.name] = dict(env)
+            self._instances[ref.key] = obj
+            self._envs[ref.key] = dict(env)
 
     def invoke(
         self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, restore: bool
     ) -> Any:
-        obj = self.get(ref.name)
-        with rank_env(self._envs[ref.name], restore=restore):
+        obj = self.get(ref.key)
+        with rank_env(self._envs[ref.key], restore=restore):
             try:
                 result = getattr(obj, method)(*args, **kwargs)
                 if inspect.isawaitable(result):
-                    result = self._loop(ref.name).run_until_complete(result)
+                    result = self._loop(ref.key).run_until_complete(result)
                 return result
             except BaseException as exc:
                 annotate_error(exc, ref, method)

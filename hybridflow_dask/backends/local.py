@@ -114,7 +114,7 @@ class LocalBackend:
 
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         for ref in refs:
-            self._table.remove(ref.name)
+            self._table.remove(ref.key)
             group = self._groups.get(ref.group)
             if group is not None and ref in group:
                 group.remove(ref)

@@ -8,7 +8,6 @@ consumer rank receives only the rows it needs and nothing passes through the dri
 
 from __future__ import annotations
 
-import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -16,6 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from .data_proto import DataProto
+from .tensordict_ops import chunk_bounds
 
 __all__ = ["DataProtoFuture", "FutureRunner", "row_ranges"]
 
@@ -66,9 +66,11 @@ class DataProtoFuture:
         raise TypeError("the length of a DataProtoFuture is not known until it is computed")
 
     def chunk(self, chunks: int, slots: Sequence[Any] | None = None) -> list[DataProtoFuture]:
-        """Split into ``chunks`` futures the way ``DataProto.chunk`` would (uneven if needed).
+        """Split into ``chunks`` futures of consecutive rows, sized like ``DataProto.chunk``.
 
-        ``slots`` names where each chunk should be assembled (default: next to part 0).
+        When ``chunks`` equals the number of parts and there is no padding to drop, the
+        parts themselves are the chunks (no data moves; they are as even as the producer's
+        outputs were). ``slots`` names where each chunk is assembled (default: next to part 0).
         """
         routed, _ = self.route(chunks, slots, padded=False)
         return [
@@ -179,11 +181,7 @@ def row_ranges(rows: int, n: int, padded: bool) -> list[tuple[int, int]]:
     if padded:
         size = -(-rows // n) if rows else 0
         return [(d * size, (d + 1) * size) for d in range(n)]
-    base, extra = divmod(rows, n)
-    bounds = [0]
-    for d in range(n):
-        bounds.append(bounds[-1] + base + (1 if d < extra else 0))
-    return list(itertools.pairwise(bounds))
+    return chunk_bounds(rows, n)
 
 
 def take_rows(
