@@ -6,6 +6,7 @@ import pytest
 import torch
 from core_helpers import assert_same_data, make_batch
 
+import hybridflow_dask as hf
 from hybridflow_dask import (
     ClassWithInitArgs,
     DataProto,
@@ -202,3 +203,21 @@ def test_resource_pool_manager_creates_and_maps_pools(backend, hf_worker_group):
     actor = hf_worker_group(Actor, manager.get_resource_pool("actor"), backend=backend)
     critic = hf_worker_group(Critic, manager.get_resource_pool("critic"), backend=backend)
     assert pids(actor) == pids(critic)
+
+
+def test_spawned_views_support_execute_all_and_close_with_the_fused_group(backend):
+    fused_cls = hf.create_colocated_worker_cls(
+        {"a": hf.ClassWithInitArgs(_ViewRole), "b": hf.ClassWithInitArgs(_ViewRole)}
+    )
+    fused = hf.WorkerGroup(hf.ResourcePool([2]), fused_cls, backend=backend)
+    views = fused.spawn(["a", "b"])
+    assert views["a"].execute_all_sync("hello") == ["hi", "hi"]
+    fused.shutdown()
+    with pytest.raises(RuntimeError, match="shut down"):
+        views["b"].hello()
+
+
+class _ViewRole(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def hello(self):
+        return "hi"

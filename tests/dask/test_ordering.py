@@ -61,3 +61,31 @@ class Boom(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
     def explode(self):
         return 1 / 0
+
+
+def test_a_call_that_cannot_be_sent_does_not_block_later_calls(hf_dask_backend, hf_worker_group):
+    import threading
+
+    group = hf_worker_group(Recorder, [1], backend=hf_dask_backend)
+    group.record("before")
+    try:
+        group.record(threading.Lock())  # cannot be pickled: fails in the driver
+    except Exception:
+        pass
+    else:  # pragma: no cover - the assertion below explains
+        raise AssertionError("an unpicklable argument must fail the call")
+    group.record("after")
+    assert group.history() == [["before", "after"]]
+
+
+def test_a_group_made_again_under_the_same_name_is_not_torn_down_by_the_old_one(
+    hf_dask_backend, hf_worker_group
+):
+    producer = hf_worker_group(Recorder, [1], backend=hf_dask_backend)
+    old = hf_worker_group(Recorder, [1], backend=hf_dask_backend, name_prefix="again")
+    old.record(producer.slow(1.0, "late")[0])  # keeps the old instance busy past shutdown
+    old.shutdown()
+    new = hf_worker_group(Recorder, [1], backend=hf_dask_backend, name_prefix="again")
+    new.record("fresh")
+    time.sleep(1.5)  # the old group's teardown runs now, after the new instance exists
+    assert new.history() == [["fresh"]]
