@@ -122,24 +122,13 @@ def test_recover_recreates_dead_ranks_on_a_new_process_for_every_group_on_the_po
     assert sleepers.pid() == [before[0][1], after[1][1]]  # colocation holds after recovery
 
 
-class Maker(hf.Worker):
-    @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def pid(self):
-        return os.getpid()
-
-    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
-    def make(self, seconds):
-        time.sleep(seconds)
-        return seconds
-
-
 def test_a_call_whose_input_died_with_its_worker_fails_naming_that_worker(
     own_backend, hf_worker_group
 ):
-    producer = hf_worker_group(Maker, [1], backend=own_backend, name_prefix="maker")
+    producer = hf_worker_group(Sleeper, [1], backend=own_backend, name_prefix="maker")
     consumer = hf_worker_group(Sleeper, [1], backend=own_backend, name_prefix="taker")
     pid = producer.pid()[0]
-    pending = consumer.nap(producer.make(30)[0])  # waits for the producer's result
+    pending = consumer.nap(producer.nap(30)[0])  # waits for the producer's result
     time.sleep(0.5)
     _kill(pid)
     start = time.monotonic()
