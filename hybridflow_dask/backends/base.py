@@ -37,6 +37,9 @@ class Slot:
     node: int = 0
     device: str = "cpu"
     name: str = ""
+    #: The process behind the slot, where the backend can tell incarnations apart (a
+    #: worker restarted at the same address is a different process).
+    worker_id: str = ""
 
 
 @dataclass(frozen=True)

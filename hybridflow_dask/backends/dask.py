@@ -16,7 +16,6 @@ import logging
 import threading
 import time
 import uuid
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -39,6 +38,7 @@ from .dask_host import (
     skip_call,
     worker_port,
 )
+from .dask_liveness import Liveness
 from .dask_placement import WorkerInfo, assign_slots
 
 __all__ = ["DaskBackend"]
@@ -93,12 +93,8 @@ class DaskBackend:
         self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._taken: set[str] = set()
-        self._dead: dict[str, str] = {}
         self._seq: dict[str, int] = {}
-        #: key -> (slot, instance or None, the worker addresses it needs alive: its own and
-        #: those of every input it depends on). Entries leave when their Future is freed.
-        self._where: dict[str, tuple[Slot, InstanceRef | None, frozenset[str]]] = {}
-        self._hosted: dict[str, InstanceRef] = {}  # worker address -> an instance there
+        self._live = Liveness()
         self._priority = itertools.count()
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
@@ -179,18 +175,26 @@ class DaskBackend:
         return slots
 
     def replace(self, slot: Slot) -> Slot:
-        """A free live worker on the dead slot's host (the nanny restarts a killed worker
-        there at a new address within seconds); waits up to ``REPLACE_WAIT_S``."""
+        """A free live worker on the dead slot's host: the nanny restarts a killed worker
+        there within seconds (at a new address, or the same one with a fixed port). Waits up
+        to ``REPLACE_WAIT_S``."""
         self._check_open()
         deadline = time.monotonic() + REPLACE_WAIT_S
+        with self._lock:
+            self._taken.discard(slot.address)  # a worker restarted there may take its place
         while True:
             with self._lock:
                 for info in self._free_workers():
                     if info.host == slot.host and info.has_gpu == slot.device.startswith("cuda"):
                         self._taken.add(info.address)
-                        self._taken.discard(slot.address)
                         return Slot(
-                            slot.index, info.address, info.host, slot.node, info.device, info.name
+                            slot.index,
+                            info.address,
+                            info.host,
+                            slot.node,
+                            info.device,
+                            info.name,
+                            info.worker_id,
                         )
             if time.monotonic() > deadline:
                 raise WorkerLostError(
@@ -215,7 +219,7 @@ class DaskBackend:
         self._check_alive(ref.slot, ref)
         with self._lock:
             self._seq[ref.key] = 0
-            self._hosted[ref.slot.address] = ref
+            self._live.hosts(ref)
             members = [r for r in self._groups.get(ref.group, []) if r.rank != ref.rank]
             members.append(ref)
             self._groups[ref.group] = members
@@ -285,9 +289,9 @@ class DaskBackend:
                 pending = [f for f in pending if not f.done()]
                 if any(f.status == "error" for f in futures if isinstance(f, Future)):
                     break
-                self._raise_if_lost(pending)
+                self._live.raise_if_lost(pending)
                 if limit is not None and time.monotonic() - start > limit:
-                    raise TimeoutError(self._still_running(pending, limit)) from None
+                    raise TimeoutError(self._live.still_running(pending, limit)) from None
         values = self.client.gather(futures, direct=True)
         self.driver_bytes["gathered"] += sum(
             sizeof(v) for f, v in zip(futures, values) if isinstance(f, Future)
@@ -298,14 +302,14 @@ class DaskBackend:
         return isinstance(obj, Future)
 
     def alive(self, slot: Slot) -> bool:
-        return not self._closed and slot.address not in self._dead
+        return not self._closed and not self._live.is_dead(slot)
 
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         if self._closed:
             return
         self._destroying = [f for f in self._destroying if not f.done()]
         for ref in refs:
-            if ref.slot.address in self._dead:
+            if self._live.is_dead(ref.slot):
                 continue
             seq = self._next_seq(ref)
             fut = self._submit(
@@ -370,11 +374,7 @@ class DaskBackend:
             options["priority"] = -next(self._priority)
         future = self.client.submit(fn, *args, **options)
         if slot is not None:
-            needs = {slot.address}
-            for dep in _futures_in(args):
-                needs |= self._where.get(dep.key, (None, None, frozenset()))[2]
-            self._where[key] = (slot, ref, frozenset(needs))
-            weakref.finalize(future, self._where.pop, key, None)
+            self._live.track(future, slot, ref, args)
         return future
 
     def _ship(self, values: Any, slot: Slot) -> Any:
@@ -408,7 +408,7 @@ class DaskBackend:
             self._skip(ref, seq)
 
     def _skip(self, ref: InstanceRef, seq: int) -> None:
-        if self._closed or ref.slot.address in self._dead:
+        if self._closed or self._live.is_dead(ref.slot):
             return
         try:
             fire_and_forget(
@@ -428,48 +428,15 @@ class DaskBackend:
             logger.debug("could not send skip for %s seq %d", ref.name, seq)
 
     def _on_scheduler_event(self, event: Any) -> None:
-        _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
-        if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
-            return
-        address = msg.get("worker")
-        if address:
-            # Addresses are never reused: a restarted worker comes back at a new one.
-            self._dead[address] = time.strftime("%H:%M:%S")
+        address = self._live.on_scheduler_event(event)
+        if address is not None:
+            self._probe.pop(address, None)  # a worker restarted there is another process
             if address in self._taken:
                 logger.warning("worker %s left the cluster; the ranks it hosted are lost", address)
 
-    def _raise_if_lost(self, futures: Sequence[Future]) -> None:
-        """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
-        if not self._dead:
-            return
-        for fut in futures:
-            slot, ref, needs = self._where.get(fut.key, (None, None, frozenset()))
-            if slot is not None and slot.address in self._dead:
-                raise _lost(slot, ref)
-            for address in sorted(needs & self._dead.keys()):
-                host = self._hosted.get(address)
-                raise WorkerLostError(
-                    f"{str(fut.key).rsplit('-', 1)[0]} depends on data from Dask worker "
-                    f"{address}"
-                    + (f" (rank {host.rank} of worker group {host.group!r})" if host else "")
-                    + ", which died; the data is lost (see WorkerGroup.recover)"
-                )
-
-    def _still_running(self, pending: Sequence[Future], limit: float) -> str:
-        where = []
-        for fut in pending[:4]:
-            _, ref, _ = self._where.get(fut.key, (None, None, frozenset()))
-            label = str(fut.key).rsplit("-", 1)[0]
-            where.append(f"{label} on rank {ref.rank}" if ref else label)
-        return (
-            f"{len(pending)} call(s) still running after hybridflow.call-timeout={limit:g}s: "
-            f"{', '.join(where)}; is a worker hung?"
-        )
-
     def _check_alive(self, slot: Slot, ref: InstanceRef | None) -> None:
         self._check_open()
-        if slot.address in self._dead:
-            raise _lost(slot, ref)
+        self._live.check(slot, ref)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -482,36 +449,20 @@ class DaskBackend:
         workers = self._workers()
         unknown = [a for a in workers if a not in self._probe]
         if unknown:
-            self._probe.update(self.client.run(probe_worker, workers=unknown))
+            for address, probe in self.client.run(probe_worker, workers=unknown).items():
+                self._probe[address] = probe
+                self._live.seen(address, probe["worker_id"])
         return [
             WorkerInfo(
                 addr,
                 info.get("host", addr),
                 str(info.get("name", addr)),
                 self._probe[addr]["device"],
+                self._probe[addr]["worker_id"],
             )
             for addr, info in workers.items()
-            if addr not in self._taken and addr not in self._dead and addr in self._probe
+            if addr not in self._taken and addr in self._probe and self._live.known(addr)
         ]
 
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"
-
-
-def _lost(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
-    who = f"rank {ref.rank} of worker group {ref.group!r}" if ref else f"slot {slot.index}"
-    return WorkerLostError(
-        f"the Dask worker {slot.address} hosting {who} died; its instances and results "
-        "are lost (WorkerGroup.recover() rebuilds the rank on a live worker)"
-    )
-
-
-def _futures_in(values: Any, depth: int = 2) -> list[Future]:
-    """Futures among task arguments (top level, and inside the tuples/dicts we pass)."""
-    found: list[Future] = []
-    for value in values.values() if isinstance(values, dict) else values:
-        if isinstance(value, Future):
-            found.append(value)
-        elif depth and isinstance(value, (tuple, list, dict)):
-            found.extend(_futures_in(value, depth - 1))
-    return found

@@ -161,8 +161,8 @@ def worker_port() -> int:
     return find_free_port()
 
 
-def probe_worker() -> dict:
-    """What this worker offers: its GPUs as this process sees them."""
+def probe_worker(dask_worker: Any) -> dict:
+    """What this worker offers (its GPUs as this process sees them), and its identity."""
     import os
 
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -177,4 +177,4 @@ def probe_worker() -> dict:
     if gpus:
         first = (visible or "0").split(",")[0].strip()
         device = f"cuda:{first}"
-    return {"gpus": gpus, "device": device, "pid": os.getpid()}
+    return {"gpus": gpus, "device": device, "worker_id": dask_worker.id}

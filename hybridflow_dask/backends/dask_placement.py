@@ -16,6 +16,7 @@ class WorkerInfo:
     host: str
     name: str
     device: str = "cpu"
+    worker_id: str = ""
 
     @property
     def has_gpu(self) -> bool:
@@ -63,6 +64,7 @@ def assign_slots(process_on_nodes: Sequence[int], free: Sequence[WorkerInfo]) ->
                     node=node,
                     device=info.device,
                     name=str(info.name),
+                    worker_id=info.worker_id,
                 )
             )
     return slots

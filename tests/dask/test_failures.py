@@ -132,6 +132,38 @@ def test_a_call_whose_input_died_with_its_worker_fails_naming_that_worker(
     time.sleep(0.5)
     _kill(pid)
     start = time.monotonic()
-    with pytest.raises(WorkerLostError, match=r"rank 0 of worker group 'maker'"):
+    with pytest.raises(WorkerLostError, match=r"rank 0 of group 'maker'"):
         hf.get(pending)
     assert time.monotonic() - start < 5
+
+
+def test_a_worker_restarted_at_a_fixed_address_is_a_new_process_and_takes_the_rank_back():
+    """``dask worker --worker-port``: the nanny restarts the worker at the same address."""
+    from distributed import LocalCluster
+
+    from hybridflow_dask.backends.hosting import find_free_port
+
+    with (
+        LocalCluster(
+            n_workers=1,
+            threads_per_worker=1,
+            host="127.0.0.1",
+            dashboard_address="127.0.0.1:0",
+            worker_port=find_free_port(),
+        ) as cluster,
+        DaskBackend(cluster=cluster) as backend,
+        hf.WorkerGroup(
+            hf.ResourcePool([1]), hf.ClassWithInitArgs(Counter, 0), backend=backend
+        ) as group,
+    ):
+        [(count, pid)] = group.bump()
+        address = group._rank_slots()[0].address
+        _kill(pid)
+        # The restart can be so quick that the call reaches the new, empty process before
+        # the scheduler's removal event reaches the driver: then the worker says so itself.
+        with pytest.raises((WorkerLostError, LookupError)):
+            group.bump()
+        assert group.recover() == [0]
+        assert group._rank_slots()[0].address == address  # same address, new process
+        [(count_after, pid_after)] = group.bump()
+        assert (count_after, count) == (1, 1) and pid_after != pid

@@ -1,0 +1,132 @@
+"""Which Dask worker processes died, and which pending work needed them.
+
+A process is known by the id Dask gives each worker incarnation, not by its address: a
+worker restarted at a fixed port (``dask worker --worker-port``) comes back at the same
+address as a new, empty process. Deaths come from the scheduler's ``remove-worker``
+events; every task the backend submits records the processes it needs alive (its own
+and those of the inputs it depends on), so a wait on it can fail at once, naming the
+group and rank that died, instead of hanging on a task that can never run.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import Future
+
+from .base import InstanceRef, Slot, WorkerLostError
+
+__all__ = ["Liveness", "futures_in", "lost_error"]
+
+logger = logging.getLogger(__name__)
+
+_NOTHING: tuple = (None, None, frozenset())
+
+
+class Liveness:
+    """The backend's view of dead workers and of what each of its tasks depends on."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._dead: set[str] = set()  # worker ids
+        self._id_at: dict[str, str] = {}  # address -> id of the process there now
+        #: task key -> (slot, instance or None, worker ids it needs alive); an entry leaves
+        #: when its Future is freed.
+        self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
+        self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
+
+    # -- what the backend tells us ---------------------------------------------------------
+
+    def seen(self, address: str, worker_id: str) -> None:
+        """The process at ``address`` is ``worker_id`` (from a probe of that worker)."""
+        with self._lock:
+            self._id_at[address] = worker_id
+
+    def hosts(self, ref: InstanceRef) -> None:
+        self._hosted[ref.slot.worker_id] = ref
+
+    def track(self, future: Future, slot: Slot, ref: InstanceRef | None, args: Any) -> None:
+        """Remember where ``future``'s task runs and which processes its inputs need."""
+        needs = {slot.worker_id}
+        for dep in futures_in(args):
+            needs |= self._tasks.get(dep.key, _NOTHING)[2]
+        self._tasks[future.key] = (slot, ref, frozenset(needs))
+        weakref.finalize(future, self._tasks.pop, future.key, None)
+
+    def on_scheduler_event(self, event: Any) -> str | None:
+        """Handle an event of the scheduler's ``all`` topic; the dead address, if any."""
+        _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
+        if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+            return None
+        address = msg.get("worker")
+        with self._lock:
+            worker_id = self._id_at.pop(address, None)
+            if worker_id is not None:
+                self._dead.add(worker_id)
+        return address if worker_id is not None else None
+
+    # -- questions ---------------------------------------------------------------------------
+
+    def is_dead(self, slot: Slot) -> bool:
+        return slot.worker_id in self._dead
+
+    def known(self, address: str) -> bool:
+        """Whether the process now at ``address`` has been probed (and is not dead)."""
+        return address in self._id_at
+
+    def check(self, slot: Slot, ref: InstanceRef | None) -> None:
+        if self.is_dead(slot):
+            raise lost_error(slot, ref)
+
+    def raise_if_lost(self, futures: Sequence[Future]) -> None:
+        """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
+        if not self._dead:
+            return
+        for fut in futures:
+            slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
+            if slot is not None and self.is_dead(slot):
+                raise lost_error(slot, ref)
+            for worker_id in sorted(needs & self._dead):
+                host = self._hosted.get(worker_id)
+                hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
+                raise WorkerLostError(
+                    f"{_label(fut)} depends on data from a Dask worker that died{hosted}; "
+                    "the data is lost (see WorkerGroup.recover)"
+                )
+
+    def still_running(self, pending: Sequence[Future], limit: float) -> str:
+        where = []
+        for fut in pending[:4]:
+            ref = self._tasks.get(fut.key, _NOTHING)[1]
+            where.append(f"{_label(fut)} on rank {ref.rank}" if ref else _label(fut))
+        return (
+            f"{len(pending)} call(s) still running after hybridflow.call-timeout={limit:g}s: "
+            f"{', '.join(where)}; is a worker hung?"
+        )
+
+
+def lost_error(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
+    who = f"rank {ref.rank} of worker group {ref.group!r}" if ref else f"slot {slot.index}"
+    return WorkerLostError(
+        f"the Dask worker {slot.address} hosting {who} died; its instances and results "
+        "are lost (WorkerGroup.recover() rebuilds the rank on a live worker)"
+    )
+
+
+def futures_in(values: Any, depth: int = 2) -> list[Future]:
+    """Futures among task arguments (top level, and inside the tuples/dicts we pass)."""
+    found: list[Future] = []
+    for value in values.values() if isinstance(values, dict) else values:
+        if isinstance(value, Future):
+            found.append(value)
+        elif depth and isinstance(value, (tuple, list, dict)):
+            found.extend(futures_in(value, depth - 1))
+    return found
+
+
+def _label(fut: Future) -> str:
+    return str(fut.key).rsplit("-", 1)[0]
