@@ -19,23 +19,42 @@ from typing import Any
 
 from .base import InstanceRef
 
-__all__ = ["InstanceTable", "annotate_error", "find_free_port", "rank_env"]
+__all__ = ["EnvSwitch", "InstanceTable", "annotate_error", "find_free_port"]
 
 
-@contextlib.contextmanager
-def rank_env(env: dict[str, str], *, restore: bool) -> Iterator[None]:
-    """Put ``env`` in ``os.environ``; put the previous values back if ``restore``."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        if restore:
-            for key, value in saved.items():
-                if value is None:
-                    os.environ.pop(key, None)
-                else:
-                    os.environ[key] = value
+class EnvSwitch:
+    """Puts one instance's environment in ``os.environ`` at a time.
+
+    Switching to an instance first takes back the variables the previous one set and this
+    one does not (restoring what the process had), so instances sharing a process (the
+    ranks of colocated groups) never see each other's extra variables.
+    """
+
+    def __init__(self) -> None:
+        self._original: dict[str, str | None] = {}
+        self._applied: set[str] = set()
+
+    @contextlib.contextmanager
+    def use(self, env: dict[str, str], *, keep: bool) -> Iterator[None]:
+        """``env`` while the block runs; left in place afterwards if ``keep``."""
+        self._switch(env)
+        try:
+            yield
+        finally:
+            if not keep:
+                self._switch({})
+
+    def _switch(self, env: dict[str, str]) -> None:
+        for key in self._applied - env.keys():
+            original = self._original.pop(key)
+            if original is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = original
+        for key in env.keys() - self._applied:
+            self._original[key] = os.environ.get(key)
+        os.environ.update(env)
+        self._applied = set(env)
 
 
 def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseException:
@@ -63,6 +82,7 @@ class InstanceTable:
         self._instances: dict[str, Any] = {}
         self._envs: dict[str, dict[str, str]] = {}
         self._loops: dict[str, asyncio.AbstractEventLoop] = {}
+        self._env = EnvSwitch()
         self._lock = threading.Lock()
 
     def __contains__(self, name: str) -> bool:
@@ -80,7 +100,7 @@ class InstanceTable:
     def create(
         self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, *, restore: bool
     ) -> None:
-        with rank_env(env, restore=restore):
+        with self._env.use(env, keep=not restore):
             try:
                 obj = cls(*args, **kwargs)
             except BaseException as exc:
@@ -94,7 +114,7 @@ class InstanceTable:
         self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, restore: bool
     ) -> Any:
         obj = self.get(ref.key)
-        with rank_env(self._envs[ref.key], restore=restore):
+        with self._env.use(self._envs[ref.key], keep=not restore):
             try:
                 result = getattr(obj, method)(*args, **kwargs)
                 if inspect.isawaitable(result):

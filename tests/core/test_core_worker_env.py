@@ -80,3 +80,18 @@ def test_process_on_nodes_sets_local_ranks(backend, hf_worker_group):
 def test_worker_env_adds_variables_to_every_rank(backend, hf_worker_group):
     wg = hf_worker_group(EnvWorker, [2], backend=backend, worker_env={"CORE_TEST_FLAG": "on"})
     assert wg.execute_all_sync("flags") == [("on", "on"), ("on", "on")]
+
+
+class FlagReader(Worker):
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def flag(self) -> str | None:
+        return os.environ.get("CORE_TEST_FLAG")
+
+
+def test_worker_env_of_one_group_is_not_seen_by_a_colocated_group(backend, hf_worker_group):
+    pool = ResourcePool([2])
+    flagged = hf_worker_group(EnvWorker, pool, backend=backend, worker_env={"CORE_TEST_FLAG": "on"})
+    plain = hf_worker_group(FlagReader, pool, backend=backend)
+    assert [f[1] for f in flagged.execute_all_sync("flags")] == ["on", "on"]
+    assert plain.flag() == [None, None]  # same process, but not this group's variable
+    assert [f[1] for f in flagged.execute_all_sync("flags")] == ["on", "on"]
