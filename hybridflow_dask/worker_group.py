@@ -7,6 +7,7 @@ unpad``. Nothing in this module knows which backend runs the ranks.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable
@@ -96,19 +97,8 @@ class WorkerGroup:
             refs = [
                 InstanceRef(prefix, rank, slot, cls.__name__) for rank, slot in enumerate(slots)
             ]
-            envs = [
-                _rank_env(resource_pool, ref.slot, ref.rank, len(refs), addr, port, env_extra)
-                for ref in refs
-            ]
-            futures = [
-                backend.create(ref, cls, cls_with_init.args, cls_with_init.kwargs, env)
-                for ref, env in zip(refs, envs)
-            ]
-            try:
-                backend.gather(futures)
-            except BaseException:
-                backend.destroy(refs)
-                raise
+            envs = _rank_envs(resource_pool, refs, addr, port, env_extra)
+            _create_instances(backend, cls_with_init, refs, envs)
         except BaseException:
             resource_pool.release()
             raise
@@ -246,24 +236,20 @@ class WorkerGroup:
         dead = [ref.rank for ref in self._refs if not self._backend.alive(ref.slot)]
         if not dead:
             return []
-        cwia = self._cls_with_init
-        new_refs = {
-            rank: InstanceRef(
+        new_refs = [
+            InstanceRef(
                 self.name_prefix,
                 rank,
                 self._pool.replace_slot(self._backend, self._refs[rank].slot),
                 self._cls.__name__,
             )
             for rank in dead
-        }
-        self._backend.gather(
-            [
-                self._backend.create(ref, self._cls, cwia.args, cwia.kwargs, self._envs[rank])
-                for rank, ref in new_refs.items()
-            ]
+        ]
+        _create_instances(
+            self._backend, self._cls_with_init, new_refs, [self._envs[r] for r in dead]
         )
-        for rank, ref in new_refs.items():
-            self._refs[rank] = ref  # in place: spawned role views share this list
+        for ref in new_refs:
+            self._refs[ref.rank] = ref  # in place: spawned role views share this list
         logger.warning("recovered ranks %s of worker group %s", dead, self.name_prefix)
         return dead
 
@@ -299,16 +285,7 @@ class WorkerGroup:
     def _dispatch_info(self, mesh_name: str) -> tuple[list[int], list[bool]]:
         """Each rank's DP index and collect flag for ``mesh_name``, asked once then cached."""
         if mesh_name not in self._dispatch_cache:
-            infos = self._backend.gather(
-                self._call_ranks(
-                    range(self.world_size),
-                    "_query_dispatch_info",
-                    (mesh_name,),
-                    {},
-                    True,
-                    split=False,
-                )
-            )
+            infos = self.execute_all_sync("_query_dispatch_info", mesh_name)
             missing = [rank for rank, info in enumerate(infos) if info is None]
             if missing:
                 raise ValueError(
@@ -387,7 +364,7 @@ class WorkerGroup:
         if isinstance(pad, int) and pad == 0:
             return result
         if isinstance(result, DataProtoFuture):
-            return DataProtoFuture(result.parts, result.runner, pad, result.slots, result.label)
+            return dataclasses.replace(result, pad=pad)
         if isinstance(result, DataProto):
             if self._backend.is_future(pad):
                 pad = self._backend.gather([pad])[0]
@@ -402,22 +379,44 @@ class WorkerGroup:
             )
 
 
-def _rank_env(
-    pool: ResourcePool, slot: Slot, rank: int, world_size: int, addr: str, port: int, extra: dict
-) -> dict[str, str]:
-    """What a rank finds in ``os.environ`` before its class body runs."""
-    env = {
-        **extra,
-        "RANK": str(rank),
-        "WORLD_SIZE": str(world_size),
-        "LOCAL_RANK": str(pool.local_rank_list()[rank]),
-        "LOCAL_WORLD_SIZE": str(pool.local_world_size_list()[rank]),
-        "MASTER_ADDR": addr,
-        "MASTER_PORT": str(port),
-    }
-    if slot.device.startswith("cuda:"):  # the one GPU this slot's process owns
-        env["CUDA_VISIBLE_DEVICES"] = slot.device.split(":", 1)[1]
-    return env
+def _rank_envs(
+    pool: ResourcePool, refs: list[InstanceRef], addr: str, port: int, extra: dict[str, str]
+) -> list[dict[str, str]]:
+    """What each rank finds in ``os.environ`` before its class body runs."""
+    local_ranks, local_sizes = pool.local_rank_list(), pool.local_world_size_list()
+    envs = []
+    for ref in refs:
+        env = {
+            **extra,
+            "RANK": str(ref.rank),
+            "WORLD_SIZE": str(len(refs)),
+            "LOCAL_RANK": str(local_ranks[ref.rank]),
+            "LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
+            "MASTER_ADDR": addr,
+            "MASTER_PORT": str(port),
+        }
+        if ref.slot.device.startswith("cuda:"):  # the one GPU this slot's process owns
+            env["CUDA_VISIBLE_DEVICES"] = ref.slot.device.split(":", 1)[1]
+        envs.append(env)
+    return envs
+
+
+def _create_instances(
+    backend: Backend,
+    cls_with_init: ClassWithInitArgs,
+    refs: list[InstanceRef],
+    envs: list[dict[str, str]],
+) -> None:
+    """Build every ref's instance and wait; on failure drop the ones that were made."""
+    futures = [
+        backend.create(ref, cls_with_init.cls, cls_with_init.args, cls_with_init.kwargs, env)
+        for ref, env in zip(refs, envs)
+    ]
+    try:
+        backend.gather(futures)
+    except BaseException:
+        backend.destroy(refs)
+        raise
 
 
 def _check_env(worker_env: dict[str, str] | None) -> dict[str, str]:

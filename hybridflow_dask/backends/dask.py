@@ -137,16 +137,17 @@ class DaskBackend:
             free = self._free_workers()
             if self._owned_cluster is not None and len(free) < need and self._can_grow():
                 total = len(self._workers())
+                wanted = total + need - len(free)
                 limit = max_local_workers()
-                if total + need - len(free) > limit:
+                if wanted > limit:
                     raise ValueError(
                         f"the pool needs {need} worker processes; the local cluster has "
                         f"{len(free)} free of {total} and may grow to "
                         f"hybridflow.max-local-workers={limit}: use a smaller pool, shut down "
                         "other groups, or raise the limit"
                     )
-                self._owned_cluster.scale(total + need - len(free))
-                self.client.wait_for_workers(total + need - len(free), timeout=120)
+                self._owned_cluster.scale(wanted)
+                self.client.wait_for_workers(wanted, timeout=120)
                 free = self._free_workers()
             gpu_workers = [w for w in free if w.has_gpu]
             if use_gpu is None:
@@ -379,17 +380,18 @@ class DaskBackend:
 
     def _ship(self, values: Any, slot: Slot) -> Any:
         """Scatter large driver values straight to ``slot``'s worker (never via the graph)."""
+        threshold = scatter_threshold()
         if isinstance(values, dict):
-            return {k: self._ship_one(v, slot) for k, v in values.items()}
-        return tuple(self._ship_one(v, slot) for v in values)
+            return {k: self._ship_one(v, slot, threshold) for k, v in values.items()}
+        return tuple(self._ship_one(v, slot, threshold) for v in values)
 
-    def _ship_one(self, value: Any, slot: Slot) -> Any:
+    def _ship_one(self, value: Any, slot: Slot, threshold: int) -> Any:
         if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
             return value
         if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
             return value.with_runner(WorkerRunner())
         size = sizeof(value)
-        if size < scatter_threshold():
+        if size < threshold:
             return value
         self.driver_bytes["scattered"] += size
         return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]

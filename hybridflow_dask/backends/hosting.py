@@ -85,9 +85,6 @@ class InstanceTable:
         self._env = EnvSwitch()
         self._lock = threading.Lock()
 
-    def __contains__(self, name: str) -> bool:
-        return name in self._instances
-
     def get(self, name: str) -> Any:
         try:
             return self._instances[name]
