@@ -5,7 +5,7 @@ stateful workers; ``@hf.register`` methods fan out to the ranks and data flows b
 groups as futures.
 """
 
-from .backends import dask_serialization as _dask_serialization  # noqa: F401  (registers serializers)
+from .backends.dask import serialization as _dask_serialization  # noqa: F401  (registers serializers)
 from .colocate import create_colocated_worker_cls
 from .decorators import (
     Dispatch,

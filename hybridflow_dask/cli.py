@@ -245,7 +245,7 @@ def _print_table(steps: list[dict[str, Any]]) -> None:
 
 
 def _info(out: TextIO) -> int:
-    from .backends.dask_cluster import probe_local_cluster
+    from .backends.dask.cluster import probe_local_cluster
 
     choice = probe_local_cluster()
     print(f"backend: DaskBackend() would start a {choice.kind} ({choice.reason})", file=out)

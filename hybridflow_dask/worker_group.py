@@ -207,7 +207,11 @@ class WorkerGroup:
         return FutureList(futures, self._backend)
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        return self._backend.gather(self.execute_all_async(method_name, *args, **kwargs))
+        self._check_method(method_name)
+        futures = self._call_ranks(
+            range(self.world_size), method_name, args, kwargs, True, blocking=True
+        )
+        return self._backend.gather(futures)
 
     execute_all = execute_all_async
 
@@ -216,7 +220,9 @@ class WorkerGroup:
         return self._call_ranks([0], method_name, args, kwargs, True, split=False)[0]
 
     def execute_rank_zero_sync(self, method_name: str, *args: Any, **kwargs: Any) -> Any:
-        return self._backend.gather([self.execute_rank_zero_async(method_name, *args, **kwargs)])[0]
+        self._check_method(method_name)
+        futures = self._call_ranks([0], method_name, args, kwargs, True, split=False, blocking=True)
+        return self._backend.gather(futures)[0]
 
     execute_rank_zero = execute_rank_zero_async
 
@@ -311,7 +317,13 @@ class WorkerGroup:
             d_args, d_kwargs = dispatched
             ranks = [0] if rank_zero else range(self.world_size)
             futures = self._call_ranks(
-                ranks, name, d_args, d_kwargs, spec.materialize_futures, split=not rank_zero
+                ranks,
+                name,
+                d_args,
+                d_kwargs,
+                spec.materialize_futures,
+                split=not rank_zero,
+                blocking=spec.blocking,
             )
             if spec.blocking:
                 outputs = self._backend.gather(futures)
@@ -335,6 +347,7 @@ class WorkerGroup:
         materialize: bool,
         *,
         split: bool = True,
+        blocking: bool = False,
     ) -> list[Any]:
         if self._closed or (self._parent is not None and self._parent._closed):
             raise RuntimeError(f"worker group {self.name_prefix} is shut down")
@@ -356,6 +369,7 @@ class WorkerGroup:
                 tuple(pick(a, rank) for a in args),
                 {k: pick(v, rank) for k, v in kwargs.items()},
                 label=label,
+                blocking=blocking,
             )
             for rank in ranks
         ]

@@ -124,9 +124,20 @@ class Backend(Protocol):
         ...
 
     def call(
-        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str
+        self,
+        ref: InstanceRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        label: str,
+        blocking: bool = False,
     ) -> BackendFuture:
-        """Call ``method`` on the instance; calls to one instance run in issue order."""
+        """Call ``method`` on the instance; calls to one instance run in issue order.
+
+        ``blocking`` says the caller gathers the result at once, so a backend may hand the
+        value back with its reply instead of keeping it where it was computed.
+        """
         ...
 
     def submit(

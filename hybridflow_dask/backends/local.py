@@ -88,7 +88,14 @@ class LocalBackend:
         )
 
     def call(
-        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str
+        self,
+        ref: InstanceRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        label: str,
+        blocking: bool = False,
     ) -> LocalFuture:
         self._check_open()
         return self._run(

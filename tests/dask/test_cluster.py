@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
-from hybridflow_dask.backends.dask_cluster import choose_local_cluster
+from hybridflow_dask.backends.dask.cluster import choose_local_cluster
 
 
 class Gloo(hf.Worker):

@@ -8,10 +8,10 @@ import urllib.request
 import pytest
 
 import hybridflow_dask as hf
-from hybridflow_dask.backends import dask as dask_backend
-from hybridflow_dask.backends import dask_dashboard
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.dashboard_page import (
+from hybridflow_dask.backends.dask import backend as dask_backend
+from hybridflow_dask.backends.dask import dashboard as dask_dashboard
+from hybridflow_dask.backends.dask.dashboard_page import (
     CallStats,
     group_view,
     label_of,

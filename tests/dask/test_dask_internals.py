@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from distributed import get_client
 
-from hybridflow_dask.backends.dask_internals import adopt_future
+from hybridflow_dask.backends.dask.internals import adopt_future
 
 
 class Box:

@@ -26,7 +26,7 @@ from distributed import Client, SchedulerPlugin
 from distributed.protocol import deserialize
 from tornado import web
 
-from .base import InstanceRef
+from ..base import InstanceRef
 from .dashboard_page import CallStats, group_view, label_of, locate, render_html
 
 __all__ = ["GROUP_DATASET", "PLUGIN_NAME", "GroupMonitor", "register_group_monitor", "task_key"]

@@ -18,10 +18,10 @@ from typing import Any
 from distributed import Future, get_client, get_worker, rejoin, secede
 from distributed.diagnostics.plugin import WorkerPlugin
 
-from .base import InstanceRef
-from .dask_dashboard import task_key
-from .dask_internals import adopt_future
-from .hosting import InstanceTable, find_free_port
+from ..base import InstanceRef
+from ..hosting import InstanceTable, find_free_port
+from .dashboard import task_key
+from .internals import adopt_future
 
 __all__ = [
     "PLUGIN_NAME",

@@ -14,8 +14,8 @@ from tensordict import TensorDict
 
 from hybridflow_dask_sizeof import register_sizeof
 
-from ..protocol import DataProto
-from ..protocol.serialization import (
+from ...protocol import DataProto
+from ...protocol.serialization import (
     deserialize_dataproto,
     deserialize_tensordict,
     serialize_dataproto,

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from .base import InstanceRef
+from ..base import InstanceRef
 
 __all__ = [
     "WINDOW",

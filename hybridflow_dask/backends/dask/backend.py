@@ -22,13 +22,13 @@ from typing import Any
 from dask.sizeof import sizeof
 from distributed import Client, Future, fire_and_forget, wait
 
-from ..protocol import DataProtoFuture
-from . import dask_serialization  # noqa: F401  (registers the DataProto serializers)
-from .base import InstanceRef, Slot, WorkerLostError
-from .dask_cluster import ClusterChoice, start_local_cluster
-from .dask_config import call_timeout, max_local_workers, scatter_threshold
-from .dask_dashboard import GROUP_DATASET, register_group_monitor, task_key
-from .dask_host import (
+from ...protocol import DataProtoFuture
+from ..base import InstanceRef, Slot, WorkerLostError
+from . import serialization  # noqa: F401  (registers the DataProto serializers)
+from .cluster import ClusterChoice, start_local_cluster
+from .config import call_timeout, max_local_workers, scatter_threshold
+from .dashboard import GROUP_DATASET, register_group_monitor, task_key
+from .host import (
     InstanceHost,
     WorkerRunner,
     create_instance,
@@ -38,8 +38,8 @@ from .dask_host import (
     skip_call,
     worker_port,
 )
-from .dask_liveness import Liveness
-from .dask_placement import WorkerInfo, assign_slots
+from .liveness import Liveness
+from .placement import WorkerInfo, assign_slots
 
 __all__ = ["DaskBackend"]
 
@@ -239,7 +239,14 @@ class DaskBackend:
         return fut
 
     def call(
-        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, label: str
+        self,
+        ref: InstanceRef,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        label: str,
+        blocking: bool = False,
     ) -> Future:
         self._check_alive(ref.slot, ref)
         args = self._ship(args, ref.slot)

@@ -18,7 +18,7 @@ from typing import Any
 
 from distributed import Future
 
-from .base import InstanceRef, Slot, WorkerLostError
+from ..base import InstanceRef, Slot, WorkerLostError
 
 __all__ = ["Liveness", "futures_in", "lost_error"]
 
