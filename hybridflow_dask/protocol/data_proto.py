@@ -40,6 +40,58 @@ __all__ = ["DataProto", "DataProtoItem"]
 logger = logging.getLogger(__name__)
 
 
+def _check_one_batch_dim(num_batch_dims: Any) -> None:
+    """verl's DataProto supports a single batch dimension; say so instead of half-working."""
+    num_batch_dims = positive_int(num_batch_dims, "num_batch_dims")
+    if num_batch_dims != 1:
+        raise ValueError(
+            f"num_batch_dims={num_batch_dims} is not supported: a DataProto has exactly one "
+            "batch dimension (the rows). Flatten the leading dims first (tensor.flatten(0, "
+            f"{num_batch_dims - 1})) or keep the extra dims as per-row data"
+        )
+
+
+def _split_width(key: str, shape: Sequence[int], n_split: int) -> int:
+    """Width of one piece of dim 1, or a ValueError naming the key."""
+    if len(shape) < 2:
+        raise ValueError(
+            f"cannot unfold {key!r}: it has shape {list(shape)}, it needs a second dimension "
+            "to split"
+        )
+    if shape[1] % n_split:
+        raise ValueError(
+            f"cannot unfold {key!r}: its second dimension {shape[1]} is not divisible by "
+            f"n_split={n_split}"
+        )
+    return shape[1] // n_split
+
+
+def _unfold_tensor(key: str, value: Any, n_split: int) -> torch.Tensor:
+    if not isinstance(value, torch.Tensor):
+        raise TypeError(f"cannot unfold {key!r}: it is a {type(value).__name__}, not a tensor")
+    width = _split_width(key, value.shape, n_split)
+    return value.reshape(value.shape[0] * n_split, width, *value.shape[2:])
+
+
+def _unfold_array(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
+    if value.ndim >= 2:
+        width = _split_width(key, value.shape, n_split)
+        return value.reshape(value.shape[0] * n_split, width, *value.shape[2:])
+    cells = list(value)
+    sequences = all(isinstance(c, (list, tuple, np.ndarray)) for c in cells)
+    lengths = {len(c) for c in cells} if sequences else set()
+    if cells and len(lengths) != 1:
+        raise ValueError(
+            f"cannot unfold {key!r}: a 1-d non-tensor key must hold lists (or tuples, arrays) "
+            f"of one common length, got {[type(c).__name__ for c in cells[:3]]}"
+            f"{f' of lengths {sorted(lengths)}' if lengths else ''}"
+        )
+    width = _split_width(key, (len(cells), lengths.pop() if lengths else 0), n_split)
+    return to_object_array(
+        cell[j * width : (j + 1) * width] for cell in cells for j in range(n_split)
+    )
+
+
 @dataclass(eq=False)
 class DataProtoItem:
     """One row of a DataProto: ``batch`` has no batch dimension, non-tensor values are cells."""
@@ -103,8 +155,11 @@ class DataProto:
             )
         if not isinstance(self.meta_info, dict):
             raise TypeError(f"meta_info must be a dict, got {type(self.meta_info).__name__}")
-        if self.batch is not None and len(self.batch.batch_size) == 0:
-            raise ValueError("batch must have at least one batch dimension, got batch_size []")
+        if self.batch is not None and len(self.batch.batch_size) != 1:
+            raise ValueError(
+                "batch must have exactly one batch dimension (the rows), got batch_size "
+                f"{list(self.batch.batch_size)}; DataProto supports num_batch_dims=1 only"
+            )
         lengths: dict[str, int] = {}
         for key, value in self.non_tensor_batch.items():
             if not isinstance(value, np.ndarray):
@@ -118,11 +173,6 @@ class DataProto:
         if not lengths:
             return
         if self.batch is not None:
-            if len(self.batch.batch_size) != 1:
-                raise ValueError(
-                    "non_tensor_batch needs a batch with exactly one batch dimension, got "
-                    f"batch_size {list(self.batch.batch_size)}"
-                )
             reference, expected = "batch", int(self.batch.batch_size[0])
         else:
             first = next(iter(lengths))
@@ -197,20 +247,20 @@ class DataProto:
         num_batch_dims: int = 1,
         auto_padding: bool = False,
     ) -> DataProto:
-        """Build from tensors (same leading ``num_batch_dims`` dims) and per-row arrays.
+        """Build from tensors (same first dim, the rows) and per-row arrays.
+
+        ``num_batch_dims`` exists for verl's signature; like verl, only 1 is supported
+        (anything else is a ValueError rather than a batch that chunk/concat/dispatch
+        would mishandle).
 
         Lists and tuples in ``non_tensors`` become 1-d object arrays with one element per row
         (equal-length inner lists stay whole rows). ``auto_padding=True`` records the flag in
         ``meta_info[AUTO_PADDING_KEY]``. The caller's dicts are not modified.
         """
-        num_batch_dims = positive_int(num_batch_dims, "num_batch_dims")
+        _check_one_batch_dim(num_batch_dims)
         tensors = dict(tensors or {})
         non_tensors = dict(non_tensors or {})
         meta_info = dict(meta_info or {})
-        if num_batch_dims > 1 and non_tensors:
-            raise ValueError(
-                f"non_tensors are only supported with num_batch_dims=1, got {num_batch_dims}"
-            )
         batch_size = None
         pivot = None
         for key, tensor in tensors.items():
@@ -272,6 +322,7 @@ class DataProto:
         """
         if not isinstance(tensor_dict, TensorDictBase):
             raise TypeError(f"expected a TensorDict, got {type(tensor_dict).__name__}")
+        _check_one_batch_dim(num_batch_dims)
         if len(tensor_dict.batch_size) != num_batch_dims:
             raise ValueError(
                 f"tensor_dict has batch_size {list(tensor_dict.batch_size)}, expected "
@@ -542,7 +593,8 @@ class DataProto:
 
         ``meta_info["metrics"]`` dicts from the inputs become one dict mapping each metric
         name to the list of the inputs' values (list values are flattened in); any other
-        meta key takes the first input's value, later conflicting values are ignored.
+        meta key is kept once, and two inputs holding different values for it are a
+        ValueError naming the key and both values.
         """
         items = list(data)
         if not items:
@@ -591,6 +643,35 @@ class DataProto:
         times = non_negative_int(repeat_times, "repeat_times")
         rows = np.arange(len(self), dtype=np.int64)
         return self._take_rows(np.repeat(rows, times) if interleave else np.tile(rows, times))
+
+    def unfold_column_chunks(
+        self, n_split: int, split_keys: str | Sequence[str] | None = None
+    ) -> DataProto:
+        """Cut dim 1 of each ``split_keys`` entry into ``n_split`` pieces, one row per piece.
+
+        Row ``i`` becomes rows ``i * n_split`` to ``i * n_split + n_split - 1``; every other
+        key (tensor or non-tensor) repeats its row ``n_split`` times. This keeps a group
+        (dim 1) together until it is unfolded, e.g. after a shuffle. A non-tensor key may
+        be a 2-d array or a 1-d object array of equal-length sequences.
+        """
+        n_split = positive_int(n_split, "n_split")
+        keys = as_key_list(split_keys, "split_keys")
+        batch_keys = set() if self.batch is None else set(self.batch.keys())
+        unknown = [k for k in keys if k not in batch_keys and k not in self.non_tensor_batch]
+        if unknown:
+            raise KeyError(
+                f"split_keys not found: {unknown}; batch keys: {sorted(map(str, batch_keys))}, "
+                f"non_tensor_batch keys: {list(self.non_tensor_batch)}"
+            )
+        out = self._take_rows(np.repeat(np.arange(len(self), dtype=np.int64), n_split))
+        for key in keys:
+            if key in batch_keys:
+                out.batch.set(key, _unfold_tensor(key, self.batch.get(key), n_split))
+            else:
+                out.non_tensor_batch[key] = _unfold_array(
+                    key, self.non_tensor_batch[key], n_split
+                )
+        return out
 
     def sample_level_repeat(self, repeat_times: Any) -> DataProto:
         """Row ``i`` repeated ``repeat_times[i]`` times (interleaved)."""

@@ -46,21 +46,28 @@ def tensors_equal(a: torch.Tensor, b: torch.Tensor) -> bool:
     return False
 
 
-def arrays_equal(a: np.ndarray, b: np.ndarray) -> bool:
-    """Elementwise equality of two numpy arrays, including object arrays of any content."""
+def arrays_equal(a: np.ndarray, b: np.ndarray, _seen: set | None = None) -> bool:
+    """Elementwise equality of two numpy arrays, including object arrays of any content.
+
+    Object arrays may contain themselves (directly or through lists and dicts): a pair of
+    containers already being compared further up counts as equal, so cycles terminate.
+    """
     if a is b:
         return True
     if a.shape != b.shape:
         return False
     if a.dtype == object or b.dtype == object:
-        return all(values_equal(x, y) for x, y in zip(a.ravel(), b.ravel()))
+        return _pair_equal(a, b, _seen, _object_arrays_equal)
     if a.dtype.kind in "fcmM" and b.dtype.kind == a.dtype.kind:
         return bool(np.array_equal(a, b, equal_nan=True))
     return bool(np.array_equal(a, b))
 
 
-def values_equal(a: Any, b: Any) -> bool:
-    """Equality for meta_info values and object-array cells: tensors, arrays, containers, NaN."""
+def values_equal(a: Any, b: Any, _seen: set | None = None) -> bool:
+    """Equality for meta_info values and object-array cells: tensors, arrays, containers, NaN.
+
+    Self-referencing containers compare without endless recursion (see :func:`arrays_equal`).
+    """
     if a is b:
         return True
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
@@ -68,21 +75,44 @@ def values_equal(a: Any, b: Any) -> bool:
         return both and tensors_equal(a, b)
     if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
         both = isinstance(a, np.ndarray) and isinstance(b, np.ndarray)
-        return both and arrays_equal(a, b)
+        return both and arrays_equal(a, b, _seen)
     if isinstance(a, Mapping) and isinstance(b, Mapping):
-        return a.keys() == b.keys() and all(values_equal(a[k], b[k]) for k in a)
+        return a.keys() == b.keys() and _pair_equal(a, b, _seen, _mappings_equal)
     if isinstance(a, (list, tuple)) and isinstance(b, (list, tuple)):
-        return (
-            type(a) is type(b)
-            and len(a) == len(b)
-            and all(values_equal(x, y) for x, y in zip(a, b))
-        )
+        if type(a) is not type(b) or len(a) != len(b):
+            return False
+        return _pair_equal(a, b, _seen, _sequences_equal)
     try:
         if bool(a == b):
             return True
     except Exception:  # ambiguous or failing __eq__: treat as different
         return False
     return _is_nan(a) and _is_nan(b)
+
+
+def _pair_equal(a: Any, b: Any, seen: set | None, compare: Any) -> bool:
+    """Run ``compare(a, b, seen)`` unless this pair is already on the comparison path."""
+    seen = set() if seen is None else seen
+    pair = (id(a), id(b))
+    if pair in seen:
+        return True  # a cycle: equality is decided by the rest of the structure
+    seen.add(pair)
+    try:
+        return compare(a, b, seen)
+    finally:
+        seen.discard(pair)
+
+
+def _object_arrays_equal(a: np.ndarray, b: np.ndarray, seen: set) -> bool:
+    return all(values_equal(x, y, seen) for x, y in zip(a.ravel(), b.ravel()))
+
+
+def _mappings_equal(a: Mapping, b: Mapping, seen: set) -> bool:
+    return all(values_equal(a[k], b[k], seen) for k in a)
+
+
+def _sequences_equal(a: Sequence, b: Sequence, seen: set) -> bool:
+    return all(values_equal(x, y, seen) for x, y in zip(a, b))
 
 
 def _is_nan(value: Any) -> bool:
@@ -228,36 +258,54 @@ def chunk_bounds(length: int, chunks: int) -> list[tuple[int, int]]:
 
 
 def merge_concat_meta_info(metas: Sequence[Mapping]) -> dict:
-    """verl's meta merge for concat: first value wins; ``metrics`` dicts become lists per name.
+    """verl's meta merge for concat: ``metrics`` dicts become lists per name, the rest must agree.
 
-    ``metrics`` may be a dict or a list of dicts in each input; a metric whose value is a
-    list is flattened into the result's list.
+    ``metrics`` may be a dict or a list of dicts in each input (``None`` is skipped); a metric
+    whose value is a list is flattened into the result's list. Any other key may appear in
+    some inputs only, but where two inputs carry it the values must be equal: a
+    ``ValueError`` names the key and both values (verl asserts the same).
     """
     merged: dict = {}
+    owner: dict = {}
     metric_dicts: list[Mapping] = []
-    for meta in metas:
+    for position, meta in enumerate(metas):
         for key, value in meta.items():
-            if key == _METRICS_KEY and isinstance(value, Mapping):
-                metric_dicts.append(value)
-            elif (
-                key == _METRICS_KEY
-                and isinstance(value, (list, tuple))
-                and value
-                and all(isinstance(v, Mapping) for v in value)
-            ):
-                metric_dicts.extend(value)
-            elif key == _METRICS_KEY and value is None:
-                continue
+            if key == _METRICS_KEY:
+                metric_dicts.extend(_metric_dicts(value, position))
             elif key not in merged:
-                merged[key] = value
+                merged[key], owner[key] = value, position
+            elif not values_equal(merged[key], value):
+                raise ValueError(
+                    f"cannot concat: meta_info key {key!r} is {merged[key]!r} in item "
+                    f"#{owner[key]} but {value!r} in item #{position}; make the values agree "
+                    "or pop the key before concatenating"
+                )
     if metric_dicts:
-        metrics: dict[str, list] = {}
-        for item in metric_dicts:
-            for name, value in item.items():
-                bucket = metrics.setdefault(name, [])
-                if isinstance(value, (list, tuple)):
-                    bucket.extend(value)
-                else:
-                    bucket.append(value)
-        merged[_METRICS_KEY] = metrics
+        merged[_METRICS_KEY] = _metrics_to_lists(metric_dicts)
     return merged
+
+
+def _metric_dicts(value: Any, position: int) -> list[Mapping]:
+    """The metric dicts one input carries under ``meta_info["metrics"]``."""
+    if value is None:
+        return []
+    if isinstance(value, Mapping):
+        return [value]
+    if isinstance(value, (list, tuple)) and all(isinstance(v, Mapping) for v in value):
+        return list(value)
+    raise TypeError(
+        f"meta_info['metrics'] of item #{position} is a {type(value).__name__}; concat merges "
+        "metrics given as a dict (or a list of dicts) of metric name to value"
+    )
+
+
+def _metrics_to_lists(metric_dicts: Sequence[Mapping]) -> dict[str, list]:
+    metrics: dict[str, list] = {}
+    for item in metric_dicts:
+        for name, value in item.items():
+            bucket = metrics.setdefault(name, [])
+            if isinstance(value, (list, tuple)):
+                bucket.extend(value)
+            else:
+                bucket.append(value)
+    return metrics

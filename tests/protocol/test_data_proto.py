@@ -119,11 +119,10 @@ def test_constructor_rejects_non_tensordict_batch():
         DataProto(batch={"a": torch.zeros(2)})
 
 
-def test_from_dict_with_two_batch_dims():
-    dp = DataProto.from_dict({"a": torch.zeros(2, 3, 4), "b": torch.ones(2, 3)}, num_batch_dims=2)
-    assert dp.batch.batch_size == torch.Size([2, 3])
-    assert len(dp) == 2
-    with pytest.raises(ValueError, match="num_batch_dims=1"):
+def test_from_dict_accepts_only_one_batch_dim():
+    with pytest.raises(ValueError, match="num_batch_dims=2 is not supported"):
+        DataProto.from_dict({"a": torch.zeros(2, 3, 4), "b": torch.ones(2, 3)}, num_batch_dims=2)
+    with pytest.raises(ValueError, match="num_batch_dims=2 is not supported"):
         DataProto.from_dict({"a": torch.zeros(2, 3)}, {"n": np.zeros(2)}, num_batch_dims=2)
     with pytest.raises(ValueError, match="num_batch_dims"):
         DataProto.from_dict({"a": torch.zeros(2, 3)}, num_batch_dims=0)
@@ -468,7 +467,7 @@ def test_concat_merges_metrics_like_verl():
         ),
         DataProto.from_dict(
             {"a": torch.zeros(1)},
-            meta_info={"metrics": {"loss": 2.0, "acc": [0.2, 0.3]}, "step": 4},
+            meta_info={"metrics": {"loss": 2.0, "acc": [0.2, 0.3]}, "step": 3},
         ),
     ]
     meta = DataProto.concat(parts).meta_info
