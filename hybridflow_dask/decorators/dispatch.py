@@ -9,13 +9,23 @@ written for verl carry over.
 
 from __future__ import annotations
 
-import os
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..protocol import DataProto, DataProtoConfig, DataProtoFuture, pad_dataproto_to_divisor
+from ..protocol import PADDING_SIZE_KEY, DataProto, DataProtoFuture
+from ..protocol.future import check_same_rows, drop_tail
+from ..protocol.rows import (
+    concat_batches,
+    is_batch,
+    pad_for_dispatch,
+    padding_enabled,
+    row_count,
+    slice_rows,
+)
+from ..protocol.tensordict_ops import chunk_bounds
 from .modes import Dispatch
 
 __all__ = [
@@ -43,7 +53,10 @@ class Dispatched(tuple):
     """``(args, kwargs)`` plus the padding rows the collected result must drop.
 
     A 2-tuple, so custom dispatch functions that unpack a built-in one's result keep
-    working; ``pad`` is an int, or a backend future when the input was a future.
+    working: the built-in DP modes also put the pad in ``kwargs[PADDING_SIZE_KEY]`` (verl's
+    key), which survives a wrapper that re-packs ``(args, kwargs)``; it is taken out again
+    before the ranks are called. ``pad`` is an int (a ``PadRows``), or a backend future of
+    one when the input was a future.
     """
 
     pad: Any
@@ -103,8 +116,8 @@ def collect_dp_compute(worker_group: Any, output: Any) -> Any:
 
 
 def dispatch_dp_compute_data_proto(worker_group: Any, *args: Any, **kwargs: Any) -> Dispatched:
-    """Split every DataProto (or DataProtoFuture) argument into one chunk per rank."""
-    return _split_data(worker_group, worker_group.world_size, args, kwargs)
+    """Split every DataProto, TensorDict or DataProtoFuture argument into one chunk per rank."""
+    return _with_pad_key(_split_data(worker_group, worker_group.world_size, args, kwargs))
 
 
 def dispatch_dp_compute_data_proto_with_func(
@@ -117,11 +130,13 @@ def dispatch_dp_compute_data_proto_with_func(
         )
     split = _split_data(worker_group, worker_group.world_size, args, kwargs)
     split_args, split_kwargs = split
-    return Dispatched(([func] * worker_group.world_size, *split_args), split_kwargs, split.pad)
+    return _with_pad_key(
+        Dispatched(([func] * worker_group.world_size, *split_args), split_kwargs, split.pad)
+    )
 
 
 def collect_dp_compute_data_proto(worker_group: Any, output: Any) -> Any:
-    """Concatenate the ranks' DataProtos in rank order (lazily, if they are futures)."""
+    """Concatenate the ranks' DataProtos (or TensorDicts) in rank order, lazily for futures."""
     return _concat_outputs(worker_group, list(output), list(range(len(output))))
 
 
@@ -144,10 +159,12 @@ def dispatch_nd_compute_dataproto(
     slots = [worker_group._slot_of_first(dp_ranks, d) for d in range(dp_size)]
     split = _split_data(worker_group, dp_size, args, kwargs, slots=slots)
     split_args, split_kwargs = split
-    return Dispatched(
-        tuple([chunks[d] for d in dp_ranks] for chunks in split_args),
-        {key: [chunks[d] for d in dp_ranks] for key, chunks in split_kwargs.items()},
-        split.pad,
+    return _with_pad_key(
+        Dispatched(
+            tuple([chunks[d] for d in dp_ranks] for chunks in split_args),
+            {key: [chunks[d] for d in dp_ranks] for key, chunks in split_kwargs.items()},
+            split.pad,
+        )
     )
 
 
@@ -185,14 +202,29 @@ _REGISTRY: dict[Dispatch, DispatchFns] = {
 
 
 def get_predefined_dispatch_fn(dispatch_mode: Dispatch) -> dict[str, Callable[..., Any]]:
-    fns = resolve_dispatch_mode(dispatch_mode)
+    """The functions registered for ``dispatch_mode``, as given (verl's registry entry)."""
+    fns = _registered(dispatch_mode)
     return {"dispatch_fn": fns.dispatch_fn, "collect_fn": fns.collect_fn}
 
 
 def resolve_dispatch_mode(dispatch_mode: Any) -> DispatchFns:
-    """The functions behind a ``Dispatch`` member or a ``{dispatch_fn, collect_fn}`` dict."""
+    """The functions a WorkerGroup calls for a ``Dispatch`` member or a dict mode.
+
+    They wrap the registered ones so that padding is handled whatever the dispatch
+    function returns: the pad is read from a ``Dispatched`` or from
+    ``kwargs[PADDING_SIZE_KEY]`` (so a custom function that wraps a built-in one keeps
+    it), removed from the kwargs the ranks see, and applied to what the collect function
+    returns: TensorDict rows and list entries of padded ranks are dropped here, DataProto
+    rows by the WorkerGroup.
+    """
     if isinstance(dispatch_mode, dict):
-        return DispatchFns(dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"])
+        fns = DispatchFns(dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"])
+    else:
+        fns = _registered(dispatch_mode)
+    return _padding_aware(fns)
+
+
+def _registered(dispatch_mode: Any) -> DispatchFns:
     try:
         return _REGISTRY[dispatch_mode]
     except (KeyError, TypeError):
@@ -235,56 +267,100 @@ def _named(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
     return [(f"#{i}", a) for i, a in enumerate(args)] + [(repr(k), v) for k, v in kwargs.items()]
 
 
-def padding_enabled(data: DataProto) -> bool:
-    """Auto padding is on globally (config or ``VERL_AUTO_PADDING``) or for this batch."""
-    env = os.environ.get("VERL_AUTO_PADDING", "").strip().lower() in ("1", "true")
-    return bool(DataProtoConfig.auto_padding) or env or data.is_padding_enabled()
-
-
 def _split_data(
     worker_group: Any, n: int, args: tuple, kwargs: dict, slots: list | None = None
 ) -> Dispatched:
     """Chunk each data argument ``n`` ways, padding where needed; all must agree on rows."""
     slots = slots if slots is not None else worker_group._rank_slots()
-    pads: list[tuple[str, Any, int | None]] = []
-
-    def split(name: str, value: Any) -> list[Any]:
-        if isinstance(value, DataProtoFuture):
-            chunks, pad = value.route(n, slots)
-            pads.append((name, pad, None))
-            # One single-part future per rank: materialized where the call runs, or handed
-            # to the rank as is for methods registered with materialize_futures=False.
-            return [
-                DataProtoFuture([chunk], value.runner, 0, [slot], value.label)
-                for chunk, slot in zip(chunks, slots)
-            ]
-        if not isinstance(value, DataProto):
-            raise TypeError(
-                f"argument {name} must be a DataProto or DataProtoFuture for this dispatch "
-                f"mode, got {type(value).__name__}; wrap it with DataProto.from_dict(...) or "
-                "register the method with Dispatch.ONE_TO_ALL"
-            )
-        pad = 0
-        if len(value) % n and padding_enabled(value):
-            value, pad = pad_dataproto_to_divisor(value, n)
-        elif len(value) % n:
-            raise ValueError(
-                f"argument {name} has {len(value)} rows, not divisible by {n} ranks; turn on "
-                "auto padding (DataProtoConfig.auto_padding = True, VERL_AUTO_PADDING=1, or "
-                "DataProto.from_dict(..., auto_padding=True)) or send a multiple of "
-                f"{n} rows"
-            )
-        pads.append((name, pad, len(value) - pad))
-        return value.chunk(n)
-
-    split_args = tuple(split(name, a) for name, a in _named(args, {}))
-    split_kwargs = {key: split(repr(key), v) for key, v in kwargs.items()}
-    known = {(rows, pad) for _, pad, rows in pads if rows is not None}
+    named = _named(args, kwargs)
+    split = [_split_one(name, value, n, slots) for name, value in named]
+    known = {(s.rows, int(s.pad)) for s in split if s.rows is not None}
     if len(known) > 1:
-        detail = ", ".join(f"{name}: {rows} rows" for name, _, rows in pads if rows is not None)
+        detail = ", ".join(f"{s.name}: {s.rows} rows" for s in split if s.rows is not None)
         raise ValueError(f"DataProto arguments of one call must have the same length ({detail})")
-    pad = pads[0][1] if pads else 0
-    return Dispatched(split_args, split_kwargs, pad)
+    if len(split) > 1 and any(s.rows is None for s in split):
+        _check_rows_on_workers(split, slots)
+    chunks = [s.chunks for s in split]
+    pad = split[0].pad if split else 0
+    return Dispatched(tuple(chunks[: len(args)]), dict(zip(kwargs, chunks[len(args) :])), pad)
+
+
+@dataclass
+class _Split:
+    """One data argument cut into per-rank chunks; ``rows`` is None for a future's."""
+
+    name: str
+    chunks: list[Any]
+    pad: Any
+    rows: int | None
+    source: Any
+
+
+def _split_one(name: str, value: Any, n: int, slots: list) -> _Split:
+    if isinstance(value, DataProtoFuture):
+        chunks, pad = value.route(n, slots)
+        # One single-part future per rank: materialized where the call runs, or handed
+        # to the rank as is for methods registered with materialize_futures=False.
+        futures = [
+            DataProtoFuture([chunk], value.runner, 0, [slot], value.label)
+            for chunk, slot in zip(chunks, slots)
+        ]
+        return _Split(name, futures, pad, None, value)
+    if not is_batch(value):
+        raise TypeError(
+            f"argument {name} must be a DataProto, TensorDict or DataProtoFuture for this "
+            f"dispatch mode, got {type(value).__name__}; wrap it with DataProto.from_dict(...) "
+            "or register the method with Dispatch.ONE_TO_ALL"
+        )
+    rows = row_count(value)
+    if rows % n and not padding_enabled(value):
+        raise ValueError(
+            f"argument {name} has {rows} rows, not divisible by {n} ranks; turn on "
+            "auto padding (DataProtoConfig.auto_padding = True, VERL_AUTO_PADDING=1, or "
+            "DataProto.from_dict(..., auto_padding=True)) or send a multiple of "
+            f"{n} rows"
+        )
+    padded, pad = pad_for_dispatch(value, n)
+    bounds = chunk_bounds(row_count(padded), n)
+    return _Split(name, [slice_rows(padded, lo, hi) for lo, hi in bounds], pad, rows, value)
+
+
+def _check_rows_on_workers(split: list[_Split], slots: list) -> None:
+    """Make every rank's future chunks fail unless all data arguments have equal rows.
+
+    A future's length is known only where it was computed, so the check runs there, next
+    to the chunks: each rank's call then fails with a ValueError naming the lengths
+    instead of silently dropping the longer argument's extra rows.
+    """
+    runner = next(s.source.runner for s in split if s.rows is None)
+    lengths = [s.rows if s.rows is not None else s.source.num_rows() for s in split]
+    names = tuple(s.name for s in split)
+    for s in split:
+        if s.rows is not None:
+            continue
+        s.chunks = [
+            DataProtoFuture(
+                [runner.submit(check_same_rows, fut.parts[0], names, *lengths, slot=slot)],
+                fut.runner,
+                0,
+                [slot],
+                fut.label,
+            )
+            for fut, slot in zip(s.chunks, slots)
+        ]
+
+
+def _with_pad_key(dispatched: Dispatched) -> Dispatched:
+    """Also carry the pad in the kwargs, under verl's key (see ``Dispatched``)."""
+    pad = dispatched.pad
+    if _is_zero(pad):
+        return dispatched
+    args, kwargs = dispatched
+    return Dispatched(args, {**kwargs, PADDING_SIZE_KEY: pad}, pad)
+
+
+def _is_zero(pad: Any) -> bool:
+    return isinstance(pad, int) and pad == 0
 
 
 def _concat_outputs(worker_group: Any, outputs: list[Any], ranks: list[int]) -> Any:
@@ -295,9 +371,100 @@ def _concat_outputs(worker_group: Any, outputs: list[Any], ranks: list[int]) -> 
             outputs, backend, 0, [slots[r] for r in ranks], label=worker_group.name_prefix
         )
     for rank, out in zip(ranks, outputs):
-        if not isinstance(out, DataProto):
+        if not is_batch(out):
             raise TypeError(
                 f"rank {rank} returned {type(out).__name__}; a DataProto collect mode needs "
-                "every rank to return a DataProto (use DP_COMPUTE_METRIC for other values)"
+                "every rank to return a DataProto or a TensorDict (use DP_COMPUTE_METRIC for "
+                "other values)"
             )
-    return DataProto.concat(outputs)
+    return concat_batches(outputs)
+
+
+# ---- padding through custom dispatch functions ------------------------------------------
+
+
+class _PendingPads(threading.local):
+    """The pad of each dispatched call, waiting for that call's collect (per thread).
+
+    A WorkerGroup calls ``dispatch_fn`` then ``collect_fn`` for one call, in one thread,
+    and hands collect only the outputs; this is how the pad reaches collect. A stack per
+    group keeps nested calls (a rank calling another group inline) paired correctly.
+    """
+
+    def __init__(self) -> None:
+        self.stacks: dict[int, list[Any]] = {}
+
+    def push(self, worker_group: Any, pad: Any) -> None:
+        self.stacks.setdefault(id(worker_group), []).append(pad)
+
+    def pop(self, worker_group: Any) -> Any:
+        stack = self.stacks.get(id(worker_group))
+        if not stack:
+            return 0
+        pad = stack.pop()
+        if not stack:
+            del self.stacks[id(worker_group)]
+        return pad
+
+
+_PENDING = _PendingPads()
+
+
+def _padding_aware(fns: DispatchFns) -> DispatchFns:
+    def dispatch_fn(worker_group: Any, *args: Any, **kwargs: Any) -> Dispatched:
+        dispatched = _as_dispatched(fns.dispatch_fn(worker_group, *args, **kwargs))
+        _PENDING.push(worker_group, dispatched.pad)
+        return dispatched
+
+    def collect_fn(worker_group: Any, output: Any) -> Any:
+        pad = _PENDING.pop(worker_group)
+        return _drop_padding(worker_group, fns.collect_fn(worker_group, output), pad)
+
+    return DispatchFns(dispatch_fn, collect_fn)
+
+
+def _as_dispatched(result: Any) -> Dispatched:
+    """A dispatch function's ``(args, kwargs)`` with the pad taken out of the kwargs."""
+    if not isinstance(result, (tuple, list)) or len(result) != 2:
+        raise TypeError(
+            "a dispatch function must return (args, kwargs): per-rank lists for each "
+            f"positional and keyword argument; got {type(result).__name__}"
+        )
+    args, kwargs = result
+    if not isinstance(kwargs, dict):
+        raise TypeError(
+            f"a dispatch function must return (args, kwargs) with kwargs a dict, got "
+            f"{type(kwargs).__name__}"
+        )
+    pad = getattr(result, "pad", 0)
+    if PADDING_SIZE_KEY in kwargs:
+        kwargs = dict(kwargs)
+        pad = kwargs.pop(PADDING_SIZE_KEY)
+    return Dispatched(tuple(args), kwargs, pad)
+
+
+def _drop_padding(worker_group: Any, result: Any, pad: Any) -> Any:
+    """Trim what the WorkerGroup does not: TensorDict rows and padded ranks' list entries.
+
+    DataProto results and futures are trimmed by the WorkerGroup itself (it gets the pad
+    from the ``Dispatched``).
+    """
+    if _is_zero(pad) or not (isinstance(result, list) or is_batch(result)):
+        return result
+    if isinstance(result, DataProto):
+        return result
+    backend = worker_group._backend
+    if backend.is_future(pad):
+        pad = backend.gather([pad])[0]
+    if not isinstance(result, list):
+        return drop_tail(result, int(pad))
+    # verl drops one entry per padding row; a PadRows knows how many ranks really got
+    # padding, so ranks that computed on real rows only keep their entries.
+    padded_ranks = getattr(pad, "padded_chunks", int(pad))
+    keep = max(len(result) - padded_ranks, 0)
+    if type(result) is list or not hasattr(result, "__dict__"):
+        return list(result[:keep])
+    trimmed = type(result).__new__(type(result))  # e.g. a FutureList: keep its backend
+    trimmed.__dict__.update(result.__dict__)
+    list.extend(trimmed, result[:keep])
+    return trimmed

@@ -7,7 +7,7 @@ from .batch_ops import (
     unfold_batch_dim,
     unpad_dataproto,
 )
-from .config import AUTO_PADDING_ENV, AUTO_PADDING_KEY, DataProtoConfig
+from .config import AUTO_PADDING_ENV, AUTO_PADDING_KEY, PADDING_SIZE_KEY, DataProtoConfig
 from .data_proto import DataProto, DataProtoItem
 from .future import DataProtoFuture
 from .serialization import (
@@ -23,9 +23,12 @@ from .serialization import (
 )
 from .tensordict_ops import list_of_dict_to_dict_of_list, union_numpy_dict, union_tensor_dict
 
+_padding_size_key = PADDING_SIZE_KEY  # verl's spelling
+
 __all__ = [
     "AUTO_PADDING_ENV",
     "AUTO_PADDING_KEY",
+    "PADDING_SIZE_KEY",
     "DataProto",
     "DataProtoConfig",
     "DataProtoFuture",

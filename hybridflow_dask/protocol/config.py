@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-__all__ = ["AUTO_PADDING_ENV", "AUTO_PADDING_KEY", "DataProtoConfig"]
+__all__ = ["AUTO_PADDING_ENV", "AUTO_PADDING_KEY", "PADDING_SIZE_KEY", "DataProtoConfig"]
 
 #: Environment variable that turns auto padding on for every DataProto ("1" or "true").
 AUTO_PADDING_ENV = "VERL_AUTO_PADDING"
@@ -12,6 +12,11 @@ AUTO_PADDING_ENV = "VERL_AUTO_PADDING"
 #: ``meta_info`` key under which a DataProto built with ``auto_padding=True`` carries the
 #: flag. The name is verl's, so batches built by verl-style code keep working.
 AUTO_PADDING_KEY = "_verl_auto_padding"
+
+#: Key under which DP dispatch functions put the padding row count in the kwargs they
+#: return (verl's ``_padding_size_key``), so custom dispatch functions that wrap them and
+#: re-pack ``(args, kwargs)`` keep the padding. It never reaches the worker methods.
+PADDING_SIZE_KEY = "_padding_size_key_x123d"
 
 
 def _env_enables_padding() -> bool:

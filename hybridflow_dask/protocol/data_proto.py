@@ -668,9 +668,7 @@ class DataProto:
             if key in batch_keys:
                 out.batch.set(key, _unfold_tensor(key, self.batch.get(key), n_split))
             else:
-                out.non_tensor_batch[key] = _unfold_array(
-                    key, self.non_tensor_batch[key], n_split
-                )
+                out.non_tensor_batch[key] = _unfold_array(key, self.non_tensor_batch[key], n_split)
         return out
 
     def sample_level_repeat(self, repeat_times: Any) -> DataProto:

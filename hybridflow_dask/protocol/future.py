@@ -15,9 +15,10 @@ from typing import Any, Protocol
 import numpy as np
 
 from .data_proto import DataProto
+from .rows import Batch, PadRows, concat_batches, gather_rows, row_count, slice_rows
 from .tensordict_ops import chunk_bounds
 
-__all__ = ["DataProtoFuture", "FutureRunner", "row_ranges"]
+__all__ = ["DataProtoFuture", "FutureRunner", "check_same_rows", "row_ranges"]
 
 
 class FutureRunner(Protocol):
@@ -48,11 +49,22 @@ class DataProtoFuture:
     label: str = field(default="hf", compare=False)
 
     def get(self) -> DataProto:
-        """Bring the whole DataProto to the caller."""
+        """Bring the whole DataProto (or TensorDict, if the parts are ones) to the caller."""
         lazy_pad = self.runner.is_future(self.pad)
         values = self.runner.gather([*self.parts, self.pad] if lazy_pad else list(self.parts))
         pad = values.pop() if lazy_pad else self.pad
-        return drop_tail(DataProto.concat(values), pad)
+        return drop_tail(concat_batches(values), pad)
+
+    def num_rows(self) -> Any:
+        """A backend future of the row count, computed next to the parts (nothing moves)."""
+        part_slots = self.slots or [None] * len(self.parts)
+        lens = [
+            self.runner.submit(row_count, part, slot=slot, label=f"{self.label}.rows")
+            for part, slot in zip(self.parts, part_slots)
+        ]
+        return self.runner.submit(
+            rows_after_pad, self.pad, *lens, slot=part_slots[0], label=f"{self.label}.rows"
+        )
 
     def with_runner(self, runner: FutureRunner) -> DataProtoFuture:
         """The same rows, resolved through another runner (e.g. one inside a worker)."""
@@ -84,7 +96,7 @@ class DataProtoFuture:
         """One future per consumer rank, plus the pad the consumers' output must drop.
 
         With ``padded`` every consumer gets ``ceil(rows / n)`` rows (the tail padded with
-        copies of leading rows, as ``pad_dataproto_to_divisor`` does). When ``n`` equals
+        copies of the last row, as dispatch pads a DataProto). When ``n`` equals
         the number of parts and nothing needs trimming, part ``i`` goes to rank ``i``
         untouched.
         """
@@ -96,7 +108,7 @@ class DataProtoFuture:
         part_slots = self.slots or [None] * len(self.parts)
         submit = self.runner.submit
         lens = [
-            submit(len, part, slot=slot, label=f"{self.label}.rows")
+            submit(row_count, part, slot=slot, label=f"{self.label}.rows")
             for part, slot in zip(self.parts, part_slots)
         ]
         routed = []
@@ -185,43 +197,61 @@ def row_ranges(rows: int, n: int, padded: bool) -> list[tuple[int, int]]:
 
 
 def take_rows(
-    part: DataProto, index: int, dest: int, n: int, padded: bool, pad: int, *lens: int
-) -> tuple[np.ndarray, DataProto]:
-    """The rows of ``part`` that consumer ``dest`` needs, with their positions."""
+    part: Batch, index: int, dest: int, n: int, padded: bool, pad: int, *lens: int
+) -> tuple[np.ndarray, Batch]:
+    """The rows of ``part`` that consumer ``dest`` needs, with their positions.
+
+    Padding positions (past the last real row) repeat the last row, as verl pads.
+    """
     rows = sum(lens) - pad
     start = sum(lens[:index])
     stop = min(start + lens[index], rows)
     lo, hi = row_ranges(rows, n, padded)[dest]
     positions = np.arange(lo, hi)
-    source = positions % rows if rows else positions
+    source = np.minimum(positions, rows - 1) if rows else positions
     mine = (source >= start) & (source < stop)
-    return positions[mine], part.select_idxs(source[mine] - start)
+    return positions[mine], gather_rows(part, source[mine] - start)
 
 
-def assemble(*pieces: tuple[np.ndarray, DataProto]) -> DataProto:
+def assemble(*pieces: tuple[np.ndarray, Batch]) -> Batch:
     """Concatenate routed pieces in row-position order."""
     nonempty = [(pos, dp) for pos, dp in pieces if len(pos)]
     if not nonempty:
         return pieces[0][1]
     positions = np.concatenate([pos for pos, _ in nonempty])
-    joined = DataProto.concat([dp for _, dp in nonempty])
+    joined = concat_batches([dp for _, dp in nonempty])
     order = np.argsort(positions, kind="stable")
     if np.array_equal(order, np.arange(len(order))):
         return joined
-    return joined.select_idxs(order)
+    return gather_rows(joined, order)
 
 
 def pad_after_split(n: int, padded: bool, pad: int, *lens: int) -> int:
     rows = sum(lens) - pad
-    _, hi = row_ranges(rows, n, padded)[-1]
-    return hi - rows if padded and rows else 0
+    return PadRows.for_chunks(rows, n) if padded else 0
 
 
-def concat_and_drop(pad: int, *parts: DataProto) -> DataProto:
-    return drop_tail(DataProto.concat(list(parts)), pad)
+def rows_after_pad(pad: int, *lens: int) -> int:
+    return sum(lens) - pad
 
 
-def drop_tail(data: DataProto, pad: int) -> DataProto:
-    if pad < 0 or pad > len(data):
-        raise ValueError(f"cannot drop {pad} padding rows from {len(data)} rows")
-    return data if pad == 0 else data.slice(0, len(data) - pad)
+def check_same_rows(part: Any, names: tuple[str, ...], *lengths: int) -> Any:
+    """``part`` unchanged if every data argument of a call has the same number of rows."""
+    if len(set(lengths)) > 1:
+        detail = ", ".join(f"{name}: {rows} rows" for name, rows in zip(names, lengths))
+        raise ValueError(
+            f"DataProto arguments of one call must have the same length ({detail}); "
+            "the futures' lengths were only known once they were computed"
+        )
+    return part
+
+
+def concat_and_drop(pad: int, *parts: Batch) -> Batch:
+    return drop_tail(concat_batches(list(parts)), pad)
+
+
+def drop_tail(data: Batch, pad: int) -> Batch:
+    rows = row_count(data)
+    if pad < 0 or pad > rows:
+        raise ValueError(f"cannot drop {pad} padding rows from {rows} rows")
+    return data if pad == 0 else slice_rows(data, 0, rows - pad)
