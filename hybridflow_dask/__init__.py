@@ -15,7 +15,13 @@ from .decorators import (
     register_dispatch_mode,
     update_dispatch_mode,
 )
-from .protocol import DataProto, DataProtoConfig, DataProtoFuture, DataProtoItem
+from .protocol import (
+    DataProto,
+    DataProtoConfig,
+    DataProtoFuture,
+    DataProtoItem,
+    all_gather_data_proto,  # verl: verl.protocol.all_gather_data_proto
+)
 from .resource_pool import (
     ResourcePool,
     ResourcePoolManager,
@@ -40,6 +46,7 @@ __all__ = [
     "ResourcePoolManager",
     "Worker",
     "WorkerGroup",
+    "all_gather_data_proto",
     "create_colocated_worker_cls",
     "get",
     "init",

@@ -9,6 +9,7 @@ from .batch_ops import (
 )
 from .config import AUTO_PADDING_ENV, AUTO_PADDING_KEY, PADDING_SIZE_KEY, DataProtoConfig
 from .data_proto import DataProto, DataProtoItem
+from .distributed import all_gather_data_proto
 from .future import DataProtoFuture
 from .serialization import (
     deserialize_dataproto,
@@ -33,6 +34,7 @@ __all__ = [
     "DataProtoConfig",
     "DataProtoFuture",
     "DataProtoItem",
+    "all_gather_data_proto",
     "collate_fn",
     "deserialize_dataproto",
     "deserialize_tensor",
