@@ -15,14 +15,30 @@ from typing import Any
 
 from .backends.base import Backend, FutureList, InstanceRef, Slot
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
-from .decorators.dispatch import DispatchFns
+from .decorators.dispatch import DispatchFns, dispatch_direct_rollout_method
 from .protocol import DataProto, DataProtoFuture, unpad_dataproto
 from .resource_pool import ResourcePool
-from .worker import RANK_ENV_KEYS, ClassWithInitArgs
+from .worker import GROUP_ENV_KEYS, RANK_ENV_KEYS, ClassWithInitArgs
 
-__all__ = ["WorkerGroup", "bindable_methods", "registered_methods"]
+__all__ = [
+    "FUSED_EXECUTE",
+    "FUSED_METHOD_SEP",
+    "DirectRolloutCallError",
+    "WorkerGroup",
+    "bindable_methods",
+    "registered_methods",
+]
 
 logger = logging.getLogger(__name__)
+
+#: The fused worker's generic entry point and how its first argument names the role's
+#: method: ``"<role>_fwmn_<method>"`` (verl's names).
+FUSED_EXECUTE = "_fuw_execute"
+FUSED_METHOD_SEP = "_fwmn_"
+
+#: Worker methods the group itself provides under the same name (returning one value per
+#: rank, as the bound method would), so they are not bound over.
+_GROUP_PROVIDED = frozenset({"_query_dispatch_info", "_query_collect_info"})
 
 
 def registered_methods(cls: type) -> dict[str, MethodSpec]:
@@ -45,6 +61,8 @@ def bindable_methods(cls: type) -> dict[str, tuple[MethodSpec, DispatchFns]]:
     reserved = set(dir(WorkerGroup))
     table = {}
     for name, spec in registered_methods(cls).items():
+        if name in _GROUP_PROVIDED:
+            continue
         if name in reserved:
             raise ValueError(
                 f"{cls.__name__}.{name} is registered but WorkerGroup already has an "
@@ -58,31 +76,118 @@ def bindable_methods(cls: type) -> dict[str, tuple[MethodSpec, DispatchFns]]:
     return table
 
 
+class DirectRolloutCallError(NotImplementedError, TypeError):
+    """A DIRECT_ROLLOUT_METHOD method was called from the driver.
+
+    ``NotImplementedError`` as in verl; also a ``TypeError`` for code written against
+    earlier releases of this package.
+    """
+
+
+#: verl keywords that only steer Ray (register-center waits, nsight profiling): accepted
+#: so verl trainer code runs unchanged, and ignored.
+RAY_ONLY_KEYWORDS = frozenset(
+    {"ray_wait_register_center_timeout", "profile_steps", "worker_nsight_options"}
+)
+
+
+class _MeshInfo(dict):
+    """``{mesh_name: per-rank value}``, as verl keeps ``_dispatch_info``/``_collect_info``.
+
+    Calling it (``wg._dispatch_info(mesh)``) returns ``(dp_ranks, collect_mask)`` for
+    dispatch functions written against earlier releases of this package.
+    """
+
+    def __init__(self, layout: Callable[[str], tuple[list[int], list[bool]]]) -> None:
+        super().__init__()
+        self._layout = layout
+
+    def __call__(self, mesh_name: str) -> tuple[list[int], list[bool]]:
+        return self._layout(mesh_name)
+
+
 class WorkerGroup:
-    """``world_size`` instances of one worker class, rank ``i`` on the pool's slot ``i``."""
+    """``world_size`` instances of one worker class, rank ``i`` on the pool's slot ``i``.
+
+    The parameters follow verl's ``RayWorkerGroup``: ``resource_pool``, then
+    ``cls_with_init`` (also accepted as ``ray_cls_with_init=``), ``bin_pack``,
+    ``name_prefix``, ``detached``, ``worker_names``, ``worker_handles``. With
+    ``resource_pool=None`` the group attaches to instances made earlier, found by
+    ``worker_handles`` (the ``workers`` of another group), ``worker_names`` or
+    ``name_prefix``. ``master_addr``/``master_port`` (both or neither) replace the pool's
+    rendezvous; ``use_gpu=True`` on a CPU pool is an error; ``device_name``,
+    ``bin_pack`` and ``detached`` are recorded (placement always packs each node's ranks
+    on one host, and a group lives until ``shutdown()`` whoever made it). Ray-only
+    keywords (``ray_wait_register_center_timeout``, ``profile_steps``,
+    ``worker_nsight_options``) are accepted and ignored; any other keyword is a
+    ``TypeError``.
+    """
 
     def __init__(
         self,
-        resource_pool: ResourcePool,
-        cls_with_init: ClassWithInitArgs,
+        resource_pool: ResourcePool | None = None,
+        cls_with_init: ClassWithInitArgs | type | None = None,
+        bin_pack: bool = True,
+        name_prefix: str | None = None,
+        detached: bool = False,
+        worker_names: list[str] | None = None,
+        worker_handles: list[InstanceRef] | None = None,
         *,
         backend: Backend | None = None,
-        name_prefix: str | None = None,
         worker_env: dict[str, str] | None = None,
+        ray_cls_with_init: ClassWithInitArgs | type | None = None,
+        device_name: str = "cuda",
+        use_gpu: bool | None = None,
+        master_addr: str | None = None,
+        master_port: int | str | None = None,
+        **ray_only: Any,
     ) -> None:
-        if not isinstance(resource_pool, ResourcePool):
-            raise TypeError(f"resource_pool must be a ResourcePool, got {resource_pool!r}")
-        if isinstance(cls_with_init, type):
-            cls_with_init = ClassWithInitArgs(cls_with_init)
-        if not isinstance(cls_with_init, ClassWithInitArgs):
-            raise TypeError(
-                f"cls_with_init must be a ClassWithInitArgs (or a class), got {cls_with_init!r}"
-            )
-        env_extra = _check_env(worker_env)
+        cls_with_init = _pick_cls_with_init(cls_with_init, ray_cls_with_init)
+        _check_ray_only(ray_only)
+        if not isinstance(device_name, str) or not device_name:
+            raise TypeError(f"device_name must be a non-empty str, got {device_name!r}")
+        rendezvous = _check_master(master_addr, master_port)
         if backend is None:
             from .runtime import default_backend
 
             backend = default_backend()
+        self.bin_pack = bool(bin_pack)
+        self.detached = bool(detached)
+        self.device_name = device_name
+        if resource_pool is None:
+            self._attach(backend, cls_with_init, name_prefix, worker_names, worker_handles)
+            self.use_gpu = use_gpu
+            return
+        if not isinstance(resource_pool, ResourcePool):
+            raise TypeError(f"resource_pool must be a ResourcePool or None, got {resource_pool!r}")
+        if worker_names is not None or worker_handles is not None:
+            raise ValueError(
+                "worker_names/worker_handles attach to existing instances; pass them with "
+                "resource_pool=None (or use WorkerGroup.from_detached)"
+            )
+        if use_gpu and resource_pool.use_gpu is False:
+            raise ValueError(
+                "use_gpu=True but the resource pool was built with use_gpu=False; build it "
+                "with use_gpu=True (or None for auto)"
+            )
+        self.use_gpu = resource_pool.use_gpu if use_gpu is None else use_gpu
+        self._create(backend, resource_pool, cls_with_init, name_prefix, worker_env, rendezvous)
+
+    def _create(
+        self,
+        backend: Backend,
+        resource_pool: ResourcePool,
+        cls_with_init: ClassWithInitArgs | None,
+        name_prefix: str | None,
+        worker_env: dict[str, str] | None,
+        rendezvous: tuple[str, int] | None,
+    ) -> None:
+        if cls_with_init is None:
+            raise TypeError(
+                "WorkerGroup needs the worker class: WorkerGroup(pool, ClassWithInitArgs(Cls, "
+                "...)) (or ray_cls_with_init=...)"
+            )
+        env_extra = _check_env(worker_env)
         cls = cls_with_init.cls
         methods = bindable_methods(cls)  # a class that cannot be bound fails before placing
         prefix = name_prefix or f"{cls.__name__}_{uuid.uuid4().hex[:6]}"
@@ -93,11 +198,19 @@ class WorkerGroup:
             )
         slots = resource_pool.acquire(backend)
         try:
-            addr, port = resource_pool.rendezvous(backend, slots)
+            addr, port = rendezvous or resource_pool.rendezvous(backend, slots)
             refs = [
                 InstanceRef(prefix, rank, slot, cls.__name__) for rank, slot in enumerate(slots)
             ]
-            envs = _rank_envs(resource_pool, refs, addr, port, env_extra)
+            envs = _rank_envs(
+                refs,
+                resource_pool.local_rank_list(),
+                resource_pool.local_world_size_list(),
+                resource_pool.node_peers(),
+                (addr, port),
+                env_extra,
+                _backend_name(backend),
+            )
             _create_instances(backend, cls_with_init, refs, envs)
         except BaseException:
             resource_pool.release()
@@ -105,7 +218,27 @@ class WorkerGroup:
         self._setup(backend, prefix, cls, refs, resource_pool, owner=True, methods=methods)
         self._cls_with_init = cls_with_init
         self._envs = envs
+        self._master_addr, self._master_port = addr, str(port)
         logger.info("created worker group %s: %d x %s", prefix, len(refs), cls.__name__)
+
+    def _attach(
+        self,
+        backend: Backend,
+        cls_with_init: ClassWithInitArgs | None,
+        name_prefix: str | None,
+        worker_names: list[str] | None,
+        worker_handles: list[InstanceRef] | None,
+    ) -> None:
+        if cls_with_init is None:
+            raise TypeError(
+                "attaching to existing workers needs their class to know the registered "
+                "methods: pass ClassWithInitArgs(Cls) (or the class) as the second argument"
+            )
+        refs = _find_refs(backend, name_prefix, worker_names, worker_handles)
+        group = refs[0].group
+        self._setup(backend, group, cls_with_init.cls, refs, None, owner=False)
+        self._cls_with_init = cls_with_init
+        self._is_init_with_detached_workers = True
 
     def _setup(
         self,
@@ -119,6 +252,7 @@ class WorkerGroup:
         method_prefix: str = "",
         methods: dict[str, tuple[MethodSpec, DispatchFns]] | None = None,
         parent: WorkerGroup | None = None,
+        sub_cls_name: str = "",
     ) -> None:
         self._backend = backend
         self.name_prefix = prefix
@@ -129,39 +263,59 @@ class WorkerGroup:
         self._method_prefix = method_prefix
         self._closed = False
         self._parent = parent  # a spawned role view is closed with the fused group
-        self._dispatch_cache: dict[str, tuple[list[int], list[bool]]] = {}
-        for name, (spec, fns) in (bindable_methods(cls) if methods is None else methods).items():
+        self._is_init_with_detached_workers = False
+        self._cls_with_init: ClassWithInitArgs | None = None
+        self._master_addr: str | None = None
+        self._master_port: str | None = None
+        self.sub_cls_name = sub_cls_name
+        self.fused_worker_used = bool(getattr(cls, "is_fused_worker", False) or sub_cls_name)
+        self.wg_dict: dict[str, WorkerGroup] | None = None
+        self._dispatch_info = _MeshInfo(self._mesh_layout)
+        self._collect_info = _MeshInfo(self._mesh_layout)
+        bound = bindable_methods(cls) if methods is None else methods
+        for name, (spec, fns) in bound.items():
             setattr(self, name, self._make_method(name, spec, fns))
+        self.method_names = sorted(bound)
 
     # -- construction helpers ---------------------------------------------------------
 
     @classmethod
     def from_detached(
         cls,
-        name_prefix: str,
-        cls_with_init: ClassWithInitArgs | type | None = None,
+        name_prefix: str | None = None,
+        worker_names: list[str] | ClassWithInitArgs | type | None = None,
+        worker_handles: list[InstanceRef] | None = None,
+        ray_cls_with_init: ClassWithInitArgs | type | None = None,
         *,
+        cls_with_init: ClassWithInitArgs | type | None = None,
         backend: Backend | None = None,
+        **kwargs: Any,
     ) -> WorkerGroup:
-        """Attach to a group created earlier (by this or another driver) under ``name_prefix``."""
-        if backend is None:
-            from .runtime import default_backend
+        """Attach to a group created earlier (by this or another driver).
 
-            backend = default_backend()
-        refs = sorted(backend.lookup(name_prefix), key=lambda r: r.rank)
-        if not refs:
-            raise ValueError(f"no worker group named {name_prefix!r} exists on this backend")
-        worker_cls = (
-            cls_with_init.cls if isinstance(cls_with_init, ClassWithInitArgs) else cls_with_init
+        Found by ``name_prefix``, ``worker_names`` or ``worker_handles``; the worker class
+        (``ray_cls_with_init=``, ``cls_with_init=``, or the second positional argument as
+        in earlier releases) says which methods to bind.
+        """
+        if isinstance(worker_names, (type, ClassWithInitArgs)):
+            cls_with_init, worker_names = worker_names, None  # from_detached(name, Cls)
+        cwia = _pick_cls_with_init(cls_with_init, ray_cls_with_init)
+        return cls(
+            None,
+            cwia,
+            name_prefix=name_prefix,
+            worker_names=worker_names,
+            worker_handles=worker_handles,
+            backend=backend,
+            **kwargs,
         )
-        if worker_cls is None:
-            raise TypeError("from_detached needs the worker class to know its registered methods")
-        group = cls.__new__(cls)
-        group._setup(backend, name_prefix, worker_cls, refs, None, owner=False)
-        return group
 
     def spawn(self, prefix_set: Iterable[str]) -> dict[str, WorkerGroup]:
-        """One WorkerGroup per role of a fused (colocated) worker class, sharing its ranks."""
+        """One WorkerGroup per role of a fused (colocated) worker class, sharing its ranks.
+
+        Each view binds its role's registered methods under their plain names; any other
+        method of the role is reachable with ``execute_all_sync(name)`` and friends.
+        """
         roles = getattr(self._cls, "__hybridflow_roles__", None)
         if roles is None:
             raise ValueError(
@@ -182,9 +336,25 @@ class WorkerGroup:
                 owner=False,
                 method_prefix=f"{role}_",
                 parent=self,
+                sub_cls_name=role,
             )
+            view._cls_with_init = self._cls_with_init
+            view._master_addr, view._master_port = self._master_addr, self._master_port
+            view.use_gpu, view.device_name = self.use_gpu, self.device_name
+            view.bin_pack, view.detached = self.bin_pack, self.detached
             views[role] = view
         return views
+
+    def fuse(self, prefix_set: Iterable[str]) -> None:
+        """Spawn the role views once and hang them on the group: ``wg.actor.compute(...)``."""
+        if self.wg_dict is None:
+            self.wg_dict = self.spawn(prefix_set)
+        for role, view in self.wg_dict.items():
+            if hasattr(type(self), role):
+                raise ValueError(
+                    f"role {role!r} would hide WorkerGroup.{role}; use spawn() for this role"
+                )
+            setattr(self, role, view)
 
     # -- the verl surface ---------------------------------------------------------------
 
@@ -200,13 +370,66 @@ class WorkerGroup:
     def backend(self) -> Backend:
         return self._backend
 
+    @property
+    def workers(self) -> list[InstanceRef]:
+        """One handle per rank (verl: the Ray actors); ``worker_handles=`` takes them back."""
+        return list(self._refs)
+
+    @property
+    def _workers(self) -> list[InstanceRef]:
+        return self.workers
+
+    @property
+    def _worker_names(self) -> list[str]:
+        return self.worker_names
+
+    @property
+    def _world_size(self) -> int:
+        return self.world_size
+
+    @property
+    def master_address(self) -> str | None:
+        """The group's ``MASTER_ADDR`` (``None`` for a group attached by name)."""
+        return self._master_addr
+
+    @property
+    def master_port(self) -> str | None:
+        """The group's ``MASTER_PORT`` as a string, as in verl (``None`` when attached)."""
+        return self._master_port
+
+    @property
+    def resource_pool(self) -> ResourcePool | None:
+        return self._pool
+
+    @property
+    def ray_cls_with_init(self) -> ClassWithInitArgs | None:
+        """verl's name for the ``ClassWithInitArgs`` the group was built from."""
+        return self._cls_with_init
+
+    cls_with_init = ray_cls_with_init
+
+    def start_worker_aliveness_check(self, every_n_seconds: float = 1) -> None:
+        """Kept for verl code: death detection is always on here.
+
+        The backend fails pending and later calls with ``WorkerLostError`` as soon as a
+        rank's process dies, so no polling thread (and no SIGABRT, as in verl) is needed.
+        """
+        if not isinstance(every_n_seconds, (int, float)) or every_n_seconds <= 0:
+            raise ValueError(f"every_n_seconds must be a positive number, got {every_n_seconds!r}")
+
     def execute_all_async(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
-        """Call ``method_name`` on every rank; a list of ``world_size`` is split one per rank."""
+        """Call ``method_name`` on every rank.
+
+        verl's rule: when every positional and keyword argument is a list of exactly
+        ``world_size`` items, rank ``i`` gets item ``i`` of each; otherwise every rank gets
+        all arguments whole (tuples are never split).
+        """
         self._check_method(method_name)
         futures = self._call_ranks(range(self.world_size), method_name, args, kwargs, True)
         return FutureList(futures, self._backend)
 
     def execute_all_sync(self, method_name: str, *args: Any, **kwargs: Any) -> list[Any]:
+        """``execute_all_async`` and wait: one result per rank."""
         self._check_method(method_name)
         futures = self._call_ranks(
             range(self.world_size), method_name, args, kwargs, True, blocking=True
@@ -288,21 +511,32 @@ class WorkerGroup:
     def _slot_of_first(self, dp_ranks: list[int], dp_rank: int) -> Slot:
         return self._refs[dp_ranks.index(dp_rank)].slot
 
-    def _dispatch_info(self, mesh_name: str) -> tuple[list[int], list[bool]]:
-        """Each rank's DP index and collect flag for ``mesh_name``, asked once then cached."""
-        if mesh_name not in self._dispatch_cache:
-            infos = self.execute_all_sync("_query_dispatch_info", mesh_name)
-            missing = [rank for rank, info in enumerate(infos) if info is None]
-            if missing:
+    def _query_dispatch_info(self, mesh_name: str) -> list[int]:
+        """Each rank's DP index on ``mesh_name`` (asks every rank; see ``_dispatch_info``)."""
+        return self.execute_all_sync("_query_dispatch_info", mesh_name)
+
+    def _query_collect_info(self, mesh_name: str) -> list[bool]:
+        """Whether each rank's output on ``mesh_name`` is collected."""
+        return self.execute_all_sync("_query_collect_info", mesh_name)
+
+    def _mesh_layout(self, mesh_name: str) -> tuple[list[int], list[bool]]:
+        """``(dp_ranks, collect_mask)`` of ``mesh_name``, asked once, then kept in
+        ``_dispatch_info``/``_collect_info`` (verl's caches, which callers may fill too)."""
+        if mesh_name not in self._dispatch_info:
+            self._dispatch_info[mesh_name] = self._query_dispatch_info(mesh_name)
+        if mesh_name not in self._collect_info:
+            self._collect_info[mesh_name] = self._query_collect_info(mesh_name)
+        dp_ranks = list(self._dispatch_info[mesh_name])
+        collect = [bool(c) for c in self._collect_info[mesh_name]]
+        for name, values in (("dispatch", dp_ranks), ("collect", collect)):
+            if len(values) != self.world_size:
                 raise ValueError(
-                    f"ranks {missing} of {self.name_prefix} did not call "
-                    f"_register_dispatch_collect_info({mesh_name!r}, ...) in __init__"
+                    f"{name} info of mesh {mesh_name!r} has {len(values)} entries for "
+                    f"{self.world_size} ranks"
                 )
-            dp_ranks = [info[0] for info in infos]
-            if sorted(set(dp_ranks)) != list(range(max(dp_ranks) + 1)):
-                raise ValueError(f"dp ranks of mesh {mesh_name!r} are not 0..n-1: {dp_ranks}")
-            self._dispatch_cache[mesh_name] = (dp_ranks, [info[1] for info in infos])
-        return self._dispatch_cache[mesh_name]
+        if sorted(set(dp_ranks)) != list(range(max(dp_ranks) + 1)):
+            raise ValueError(f"dp ranks of mesh {mesh_name!r} are not 0..n-1: {dp_ranks}")
+        return dp_ranks, collect
 
     # -- internals ------------------------------------------------------------------------
 
@@ -312,6 +546,11 @@ class WorkerGroup:
         )
 
         def method(*args: Any, **kwargs: Any) -> Any:
+            if fns.dispatch_fn is dispatch_direct_rollout_method:
+                raise DirectRolloutCallError(
+                    f"{name} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: it is called "
+                    "inside the worker process (by the rollout engine), not from the driver"
+                )
             dispatched = fns.dispatch_fn(self, *args, **kwargs)
             pad = getattr(dispatched, "pad", 0)
             d_args, d_kwargs = dispatched
@@ -351,12 +590,12 @@ class WorkerGroup:
     ) -> list[Any]:
         if self._closed or (self._parent is not None and self._parent._closed):
             raise RuntimeError(f"worker group {self.name_prefix} is shut down")
-        n = self.world_size
-        target = self._method_prefix + method_name
+        split = split and _splits_per_rank(args, kwargs, self.world_size)
+        target, route = self._route(method_name)
         label = f"{self.name_prefix}.{method_name}"
 
         def pick(value: Any, rank: int) -> Any:
-            if split and isinstance(value, (list, tuple)) and len(value) == n:
+            if split:
                 value = value[rank]
             if materialize and isinstance(value, DataProtoFuture):
                 value = value.whole(self._refs[rank].slot)
@@ -366,13 +605,28 @@ class WorkerGroup:
             self._backend.call(
                 self._refs[rank],
                 target,
-                tuple(pick(a, rank) for a in args),
+                (*route, *(pick(a, rank) for a in args)),
                 {k: pick(v, rank) for k, v in kwargs.items()},
                 label=label,
                 blocking=blocking,
             )
             for rank in ranks
         ]
+
+    def _route(self, method_name: str) -> tuple[str, tuple[str, ...]]:
+        """The instance method to call and the leading arguments that select the role.
+
+        A spawned view calls ``<role>_<method>`` on the fused worker when the fused class
+        has it, and otherwise goes through the fused worker's ``_fuw_execute``, so any
+        method of the role can be reached (as verl routes it).
+        """
+        if not self._method_prefix:
+            return method_name, ()
+        prefixed = self._method_prefix + method_name
+        fused_cls = self._parent._cls if self._parent is not None else None
+        if fused_cls is None or callable(getattr(fused_cls, prefixed, None)):
+            return prefixed, ()
+        return FUSED_EXECUTE, (f"{self.sub_cls_name}{FUSED_METHOD_SEP}{method_name}",)
 
     def _unpad(self, result: Any, pad: Any) -> Any:
         if isinstance(pad, int) and pad == 0:
@@ -393,26 +647,156 @@ class WorkerGroup:
             )
 
 
+def _splits_per_rank(args: tuple, kwargs: dict, n: int) -> bool:
+    """verl's rule: split only when every argument is a list of exactly ``n`` items."""
+    values = [*args, *kwargs.values()]
+    return all(isinstance(v, list) and len(v) == n for v in values)
+
+
 def _rank_envs(
-    pool: ResourcePool, refs: list[InstanceRef], addr: str, port: int, extra: dict[str, str]
+    refs: list[InstanceRef],
+    local_ranks: list[int],
+    local_sizes: list[int],
+    node_peers: list[list[Slot]],
+    rendezvous: tuple[str, int],
+    extra: dict[str, str],
+    backend_name: str,
 ) -> list[dict[str, str]]:
-    """What each rank finds in ``os.environ`` before its class body runs."""
-    local_ranks, local_sizes = pool.local_rank_list(), pool.local_world_size_list()
+    """What each rank finds in ``os.environ`` before its class body runs.
+
+    GPU ranks follow torchrun's model: ``CUDA_VISIBLE_DEVICES`` lists the GPUs of every
+    slot the pool has on the rank's node, in local-rank order, and ``LOCAL_RANK`` is the
+    index of the rank's own GPU in that list, so ``torch.cuda.set_device(LOCAL_RANK)``
+    (or ``cuda:LOCAL_RANK``) is the rank's GPU, and NCCL sees its node peers' devices.
+    When the node's slots do not each own a distinct GPU, a rank sees only its own GPU
+    (device 0) and ``LOCAL_RANK`` is still its place on the node.
+    """
+    addr, port = rendezvous
     envs = []
     for ref in refs:
+        local_rank = local_ranks[ref.rank]
         env = {
             **extra,
             "RANK": str(ref.rank),
             "WORLD_SIZE": str(len(refs)),
-            "LOCAL_RANK": str(local_ranks[ref.rank]),
+            "LOCAL_RANK": str(local_rank),
             "LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
             "MASTER_ADDR": addr,
             "MASTER_PORT": str(port),
+            "WG_PREFIX": ref.group,
+            "WG_BACKEND": backend_name,
+            "RAY_LOCAL_RANK": str(local_rank),
+            "RAY_LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
         }
-        if ref.slot.device.startswith("cuda:"):  # the one GPU this slot's process owns
-            env["CUDA_VISIBLE_DEVICES"] = ref.slot.device.split(":", 1)[1]
+        visible = _visible_devices(ref.slot, node_peers[ref.rank], local_rank)
+        if visible is not None:
+            env["CUDA_VISIBLE_DEVICES"] = visible
         envs.append(env)
     return envs
+
+
+def _gpu_index(slot: Slot) -> str | None:
+    device = slot.device
+    if device.startswith("cuda:") and device[5:].strip():
+        return device[5:].strip()
+    return None
+
+
+def _visible_devices(slot: Slot, peers: list[Slot], local_rank: int) -> str | None:
+    own = _gpu_index(slot)
+    if own is None:
+        return None
+    ids = [_gpu_index(peer) for peer in peers]
+    consistent = (
+        None not in ids
+        and len(set(ids)) == len(ids)
+        and 0 <= local_rank < len(ids)
+        and ids[local_rank] == own
+    )
+    return ",".join(ids) if consistent else own
+
+
+def _backend_name(backend: Backend) -> str:
+    """``WG_BACKEND``: ``"dask"`` for ``DaskBackend``, ``"local"`` for ``LocalBackend``."""
+    name = type(backend).__name__
+    return (name[: -len("Backend")] if name.endswith("Backend") else name).lower() or "dask"
+
+
+def _pick_cls_with_init(
+    cls_with_init: ClassWithInitArgs | type | None,
+    ray_cls_with_init: ClassWithInitArgs | type | None,
+) -> ClassWithInitArgs | None:
+    if cls_with_init is not None and ray_cls_with_init is not None:
+        raise TypeError("pass the worker class once: cls_with_init or ray_cls_with_init, not both")
+    chosen = cls_with_init if cls_with_init is not None else ray_cls_with_init
+    if chosen is None or isinstance(chosen, ClassWithInitArgs):
+        return chosen
+    if isinstance(chosen, type):
+        return ClassWithInitArgs(chosen)
+    raise TypeError(f"cls_with_init must be a ClassWithInitArgs (or a class), got {chosen!r}")
+
+
+def _check_ray_only(kwargs: dict[str, Any]) -> None:
+    unknown = sorted(set(kwargs) - RAY_ONLY_KEYWORDS)
+    if unknown:
+        raise TypeError(
+            f"WorkerGroup got unexpected keyword argument(s) {unknown}; it takes "
+            "resource_pool, cls_with_init/ray_cls_with_init, bin_pack, name_prefix, detached, "
+            "worker_names, worker_handles, backend, worker_env, device_name, use_gpu, "
+            f"master_addr, master_port (and ignores {sorted(RAY_ONLY_KEYWORDS)})"
+        )
+    if kwargs:
+        logger.debug("ignoring Ray-only WorkerGroup keywords %s", sorted(kwargs))
+
+
+def _check_master(addr: str | None, port: int | str | None) -> tuple[str, int] | None:
+    if addr is None and port is None:
+        return None
+    if addr is None or port is None:
+        raise ValueError(
+            "pass both master_addr and master_port to choose the rendezvous yourself, or "
+            "neither to let the pool pick one"
+        )
+    try:
+        number = int(port)
+    except (TypeError, ValueError):
+        raise ValueError(f"master_port must be a port number, got {port!r}") from None
+    if not 0 < number < 65536:
+        raise ValueError(f"master_port must be in 1..65535, got {port!r}")
+    return str(addr), number
+
+
+def _find_refs(
+    backend: Backend,
+    name_prefix: str | None,
+    worker_names: list[str] | None,
+    worker_handles: list[InstanceRef] | None,
+) -> list[InstanceRef]:
+    """The instances an attaching group talks to, in rank order."""
+    if worker_handles:
+        if not all(isinstance(ref, InstanceRef) for ref in worker_handles):
+            raise TypeError("worker_handles must be the .workers of another WorkerGroup")
+        return sorted(worker_handles, key=lambda r: r.rank)
+    if worker_names:
+        groups = {str(name).rsplit("/", 1)[0] for name in worker_names}
+        if len(groups) != 1:
+            raise ValueError(
+                f"worker_names must name ranks of one group ('<group>/<rank>'), got {worker_names}"
+            )
+        found = {ref.name: ref for ref in backend.lookup(groups.pop())}
+        missing = [name for name in worker_names if name not in found]
+        if missing:
+            raise ValueError(f"no worker named {missing} exists on this backend")
+        return sorted((found[name] for name in worker_names), key=lambda r: r.rank)
+    if name_prefix:
+        refs = sorted(backend.lookup(name_prefix), key=lambda r: r.rank)
+        if not refs:
+            raise ValueError(f"no worker group named {name_prefix!r} exists on this backend")
+        return refs
+    raise ValueError(
+        "resource_pool=None attaches to existing workers: pass name_prefix=, worker_names= "
+        "or worker_handles= of a group made earlier, or pass a ResourcePool to create new ones"
+    )
 
 
 def _create_instances(
@@ -440,7 +824,7 @@ def _check_env(worker_env: dict[str, str] | None) -> dict[str, str]:
         isinstance(k, str) and isinstance(v, str) for k, v in worker_env.items()
     ):
         raise TypeError("worker_env must be a dict of str to str")
-    clash = sorted(set(worker_env) & {*RANK_ENV_KEYS, "CUDA_VISIBLE_DEVICES"})
+    clash = sorted(set(worker_env) & {*RANK_ENV_KEYS, *GROUP_ENV_KEYS, "CUDA_VISIBLE_DEVICES"})
     if clash:
         raise ValueError(
             f"worker_env may not set {clash}: the group assigns them per rank (rendezvous and "
