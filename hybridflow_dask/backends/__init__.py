@@ -2,6 +2,7 @@
 
 from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
 from .dask import DaskBackend
+from .dask.connect import SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
 
 __all__ = [
@@ -12,6 +13,7 @@ __all__ = [
     "InstanceRef",
     "LocalBackend",
     "LocalFuture",
+    "SchedulerUnreachableError",
     "Slot",
     "WorkerLostError",
 ]

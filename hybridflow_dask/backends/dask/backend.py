@@ -27,6 +27,7 @@ from ..base import InstanceRef, Slot, WorkerLostError
 from . import serialization  # noqa: F401  (registers the DataProto serializers)
 from .cluster import ClusterChoice, start_local_cluster
 from .config import call_timeout, max_local_workers, scatter_threshold
+from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .host import (
     InstanceHost,
@@ -87,7 +88,7 @@ class DaskBackend:
                 cluster, self.choice = start_local_cluster(n, **cluster_kwargs)
                 self._owned_cluster = cluster
             target = address if address is not None else cluster
-            self.client = Client(target, set_as_default=False, direct_to_workers=True)
+            self.client = open_client(target, set_as_default=False, direct_to_workers=True)
             self._owns_client = True
         self.cluster = cluster if cluster is not None else getattr(self.client, "cluster", None)
         self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"

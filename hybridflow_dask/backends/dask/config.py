@@ -8,7 +8,7 @@ import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
 
-__all__ = ["call_timeout", "max_local_workers", "scatter_threshold"]
+__all__ = ["call_timeout", "connect_timeout", "max_local_workers", "scatter_threshold"]
 
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
 
@@ -20,6 +20,11 @@ def call_timeout() -> float | None:
     """Seconds to wait for a call's result (``hybridflow.call-timeout``), or ``None``."""
     value = dask.config.get("hybridflow.call-timeout")
     return None if value is None else parse_timedelta(value, default="seconds")
+
+
+def connect_timeout() -> float:
+    """Seconds to wait for a scheduler given by address (``hybridflow.connect-timeout``)."""
+    return parse_timedelta(dask.config.get("hybridflow.connect-timeout"), default="seconds")
 
 
 def max_local_workers() -> int:

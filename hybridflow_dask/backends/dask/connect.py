@@ -1,0 +1,209 @@
+"""Opening a ``distributed.Client``: a bad address fails at once, an unreachable one fast.
+
+``distributed.Client("notanaddress")`` raises only after it has started its event loop,
+and the half-made client then blocks the interpreter in ``__del__`` at exit; an address
+nobody answers on retries for Dask's 30 s connect timeout and ends in a long traceback.
+Here a malformed address is a ``ValueError`` before anything starts (checked by plain
+parsing, without importing ``distributed``, so the CLI can check it instantly), and a
+reachable scheduler is proven with one comm handshake bounded by
+``hybridflow.connect-timeout`` before a ``Client`` is built. A ``Client`` that still
+fails to start is closed on the spot, so nothing is left to hang at exit.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import logging
+import socket
+from typing import Any
+
+__all__ = ["SchedulerUnreachableError", "open_client", "validate_address"]
+
+logger = logging.getLogger(__name__)
+
+#: Protocols whose addresses are ``HOST:PORT`` (Dask's built-in ones and UCX).
+HOST_PORT_SCHEMES = frozenset({"tcp", "tls", "ws", "wss", "ucx", "ucxx"})
+EXAMPLE = "tcp://10.0.0.5:8786"
+#: How long a Client that failed to start gets to close itself.
+DISCARD_WAIT_S = 2.0
+
+
+class SchedulerUnreachableError(ConnectionError):
+    """No Dask scheduler answered at ``address`` within ``timeout`` seconds."""
+
+    def __init__(self, address: str, timeout: float, why: str) -> None:
+        self.address = address
+        self.timeout = timeout
+        super().__init__(
+            f"no Dask scheduler answered at {address} within {timeout:g} s ({why}): check that "
+            "`dask scheduler` runs there and that host and port are right and reachable "
+            "from this machine (wait longer with hybridflow.connect-timeout)"
+        )
+
+
+def validate_address(address: object) -> str:
+    """``address`` stripped if it looks like a scheduler address, else a ``ValueError``.
+
+    Accepts what Dask accepts: ``PROTOCOL://HOST:PORT`` (``tcp``, ``tls``, ``ws``,
+    ``wss``, ``ucx``), a bare ``HOST:PORT`` (``tcp``), ``inproc://...``, and any protocol
+    registered with ``distributed``'s comm registry.
+    """
+    if not isinstance(address, str) or not address.strip():
+        raise ValueError(
+            f"not a Dask scheduler address: {address!r}; expected PROTOCOL://HOST:PORT, "
+            f"e.g. {EXAMPLE}"
+        )
+    address = address.strip()
+    why = _problem(address)
+    if why:
+        raise ValueError(
+            f"not a Dask scheduler address: {address!r} ({why}); expected "
+            f"PROTOCOL://HOST:PORT, e.g. {EXAMPLE}"
+        )
+    return address
+
+
+def _problem(address: str) -> str | None:
+    scheme, sep, location = address.partition("://")
+    if not sep:
+        scheme, location = "tcp", address
+    scheme = scheme.lower()
+    if scheme in ("http", "https"):
+        return "that is a web URL, such as the dashboard's; give the scheduler's address"
+    if scheme == "inproc":
+        return None if location else "nothing after inproc://"
+    if scheme not in HOST_PORT_SCHEMES:
+        return _unknown_scheme(scheme)
+    host, port = _split_host_port(location)
+    if port is None:
+        return "no port"
+    if not host:
+        return "no host"
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        return f"port {port!r} is not a number from 1 to 65535"
+    return None
+
+
+def _split_host_port(location: str) -> tuple[str, str | None]:
+    if location.startswith("["):  # [IPv6]:port
+        host, _, rest = location[1:].partition("]")
+        return host, rest[1:] if rest.startswith(":") else None
+    host, sep, port = location.rpartition(":")
+    if not sep or ":" in host:  # no colon at all, or an IPv6 address without brackets
+        return location, None
+    return host, port
+
+
+def _unknown_scheme(scheme: str) -> str | None:
+    from distributed.comm.registry import get_backend  # only for unusual protocols
+
+    try:
+        get_backend(scheme)
+    except ValueError:
+        return f"unknown protocol {scheme!r}"
+    return None
+
+
+def open_client(target: Any, *, timeout: float | None = None, **client_kwargs: Any) -> Any:
+    """A ``distributed.Client`` on ``target``: a scheduler address or a cluster object.
+
+    An address is validated (``ValueError``) and probed within ``timeout`` seconds
+    (default ``hybridflow.connect-timeout``; ``SchedulerUnreachableError`` naming it)
+    before the client is built. ``client_kwargs`` go to ``Client``.
+    """
+    from distributed import Client
+
+    if isinstance(target, str):
+        target = validate_address(target)
+        if timeout is None:
+            from .config import connect_timeout
+
+            timeout = connect_timeout()
+        _probe(target, timeout)
+    client = Client.__new__(Client)
+    try:
+        client.__init__(target, **client_kwargs)
+    except BaseException as exc:
+        _discard(client)
+        if isinstance(target, str) and isinstance(exc, OSError):
+            raise SchedulerUnreachableError(target, timeout or 0.0, _reason(exc, target)) from exc
+        raise
+    return client
+
+
+def _probe(address: str, timeout: float) -> None:
+    """One comm connection and handshake with the scheduler, or the error that says why."""
+    try:
+        _run(_connect_once(address, timeout))
+    except Exception as exc:
+        raise SchedulerUnreachableError(address, timeout, _reason(exc, address)) from None
+
+
+async def _connect_once(address: str, timeout: float) -> None:
+    from distributed.comm import connect
+    from distributed.security import Security
+
+    args = Security().get_connection_args("client")
+    comm = await asyncio.wait_for(connect(address, timeout=timeout, **args), timeout + 1)
+    await comm.close()
+
+
+def _run(coro: Any) -> None:
+    """Run ``coro`` to completion, also from a thread whose event loop is running."""
+    try:
+        asyncio.get_running_loop()
+    except RuntimeError:
+        asyncio.run(coro)
+        return
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        pool.submit(asyncio.run, coro).result()
+
+
+def _reason(exc: BaseException, address: str) -> str:
+    """The cause, in words a user can act on."""
+    chain = []
+    seen: BaseException | None = exc
+    while seen is not None and seen not in chain:
+        chain.append(seen)
+        seen = seen.__cause__ or seen.__context__
+    if any(isinstance(e, ConnectionRefusedError) for e in chain):
+        return "connection refused: nothing listens on that port"
+    if any(isinstance(e, socket.gaierror) for e in chain) or not _resolves(address):
+        return "the host name does not resolve"
+    if any(isinstance(e, TimeoutError) or "Timed out" in str(e) for e in chain):
+        return "timed out"
+    first = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+def _resolves(address: str, wait_s: float = 1.0) -> bool:
+    """Whether the host of a ``HOST:PORT`` address resolves (``True`` when unsure)."""
+    scheme, sep, location = address.partition("://")
+    if sep and scheme.lower() not in HOST_PORT_SCHEMES:
+        return True
+    host, _ = _split_host_port(location if sep else address)
+    pool = concurrent.futures.ThreadPoolExecutor(1)
+    try:
+        pool.submit(socket.getaddrinfo, host, None).result(timeout=wait_s)
+    except socket.gaierror:
+        return False
+    except Exception:
+        return True
+    finally:
+        pool.shutdown(wait=False)
+    return True
+
+
+def _discard(client: Any) -> None:
+    """Close a client whose start failed, so its ``__del__`` has nothing left to wait for."""
+    with contextlib.suppress(Exception):
+        client.close(timeout=DISCARD_WAIT_S)
+    with contextlib.suppress(Exception):
+        client.status = "closed"
+    runner = getattr(client, "_loop_runner", None)
+    with contextlib.suppress(Exception):
+        if runner is not None:
+            runner.stop()
+    logger.debug("discarded a client that failed to start")
