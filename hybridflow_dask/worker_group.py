@@ -15,7 +15,7 @@ from typing import Any
 
 from .backends.base import Backend, FutureList, InstanceRef, Slot
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
-from .decorators.dispatch import DispatchFns, dispatch_direct_rollout_method
+from .decorators.dispatch import DispatchFns
 from .protocol import DataProto, DataProtoFuture, unpad_dataproto
 from .resource_pool import ResourcePool
 from .worker import GROUP_ENV_KEYS, RANK_ENV_KEYS, ClassWithInitArgs
@@ -546,12 +546,7 @@ class WorkerGroup:
         )
 
         def method(*args: Any, **kwargs: Any) -> Any:
-            if fns.dispatch_fn is dispatch_direct_rollout_method:
-                raise DirectRolloutCallError(
-                    f"{name} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: it is called "
-                    "inside the worker process (by the rollout engine), not from the driver"
-                )
-            dispatched = fns.dispatch_fn(self, *args, **kwargs)
+            dispatched = self._dispatch(name, spec, fns, args, kwargs)
             pad = getattr(dispatched, "pad", 0)
             d_args, d_kwargs = dispatched
             ranks = [0] if rank_zero else range(self.world_size)
@@ -576,6 +571,19 @@ class WorkerGroup:
         method.__qualname__ = f"{type(self).__name__}.{name}"
         method.__doc__ = getattr(getattr(self._cls, name, None), "__doc__", None)
         return method
+
+    def _dispatch(
+        self, name: str, spec: MethodSpec, fns: DispatchFns, args: tuple, kwargs: dict
+    ) -> Any:
+        if spec.dispatch_mode is not Dispatch.DIRECT_ROLLOUT_METHOD:
+            return fns.dispatch_fn(self, *args, **kwargs)
+        try:  # the built-in function refuses; a mode replaced by update_dispatch_mode may not
+            return fns.dispatch_fn(self, *args, **kwargs)
+        except (TypeError, NotImplementedError) as exc:
+            raise DirectRolloutCallError(
+                f"{name} is registered with Dispatch.DIRECT_ROLLOUT_METHOD: the rollout engine "
+                "calls it inside the worker process; the driver cannot"
+            ) from exc
 
     def _call_ranks(
         self,
