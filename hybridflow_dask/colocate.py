@@ -23,7 +23,7 @@ from .decorators import METHOD_SPEC_ATTR, Dispatch, MethodSpec
 from .worker import ClassWithInitArgs, Worker
 from .worker_group import FUSED_METHOD_SEP, registered_methods
 
-__all__ = ["FusedWorker", "create_colocated_worker_cls"]
+__all__ = ["FusedWorker", "create_colocated_worker_cls", "create_colocated_worker_cls_fused"]
 
 
 class FusedWorker(Worker):
@@ -108,3 +108,7 @@ def _delegate(role: str, name: str, spec: MethodSpec, bound_name: str) -> Callab
     call.__name__ = bound_name
     setattr(call, METHOD_SPEC_ATTR, spec)
     return call
+
+
+#: verl's name for the fused flavour, which is the only one here.
+create_colocated_worker_cls_fused = create_colocated_worker_cls

@@ -123,6 +123,9 @@ class WorkerGroup:
     ``TypeError``.
     """
 
+    #: verl's name of the fused worker's generic entry point.
+    fused_worker_execute_fn_name = FUSED_EXECUTE
+
     def __init__(
         self,
         resource_pool: ResourcePool | None = None,
@@ -344,6 +347,8 @@ class WorkerGroup:
             view.bin_pack, view.detached = self.bin_pack, self.detached
             views[role] = view
         return views
+
+    spawn_fused = spawn
 
     def fuse(self, prefix_set: Iterable[str]) -> None:
         """Spawn the role views once and hang them on the group: ``wg.actor.compute(...)``."""

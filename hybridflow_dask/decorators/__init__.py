@@ -19,9 +19,17 @@ from .dispatch import (
     update_dispatch_mode,
 )
 from .modes import Dispatch, Execute, ExtensibleEnum
-from .register import METHOD_SPEC_ATTR, MethodSpec, get_method_spec, register
+from .register import (
+    MAGIC_ATTR,
+    METHOD_SPEC_ATTR,
+    MethodSpec,
+    get_method_spec,
+    get_predefined_execute_fn,
+    register,
+)
 
 __all__ = [
+    "MAGIC_ATTR",
     "METHOD_SPEC_ATTR",
     "Dispatch",
     "Dispatched",
@@ -40,6 +48,7 @@ __all__ = [
     "dispatch_one_to_all",
     "get_method_spec",
     "get_predefined_dispatch_fn",
+    "get_predefined_execute_fn",
     "make_nd_compute_dataproto_dispatch_fn",
     "register",
     "register_dispatch_mode",

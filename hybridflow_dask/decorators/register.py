@@ -3,15 +3,26 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
 from .modes import Dispatch, Execute
 
-__all__ = ["METHOD_SPEC_ATTR", "MethodSpec", "get_method_spec", "register"]
+__all__ = [
+    "MAGIC_ATTR",
+    "METHOD_SPEC_ATTR",
+    "MethodSpec",
+    "get_method_spec",
+    "get_predefined_execute_fn",
+    "register",
+]
 
 #: The one attribute under which a registered method carries its ``MethodSpec``.
 METHOD_SPEC_ATTR = "__hybridflow_method__"
+
+#: verl's attribute name; it carries the same settings as a plain dict, for code that
+#: reads ``getattr(method, MAGIC_ATTR)["dispatch_mode"]``. ``METHOD_SPEC_ATTR`` rules.
+MAGIC_ATTR = "attrs_3141562937"
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -47,6 +58,7 @@ def register(
         if not callable(func):
             raise TypeError(f"@register decorates methods, got {func!r}")
         setattr(func, METHOD_SPEC_ATTR, spec)
+        setattr(func, MAGIC_ATTR, {f.name: getattr(spec, f.name) for f in fields(spec)})
         return func
 
     return mark
@@ -56,6 +68,16 @@ def get_method_spec(obj: Any) -> MethodSpec | None:
     """The ``MethodSpec`` of a registered method, or ``None``."""
     spec = getattr(obj, METHOD_SPEC_ATTR, None)
     return spec if isinstance(spec, MethodSpec) else None
+
+
+def get_predefined_execute_fn(execute_mode: Execute) -> dict[str, str]:
+    """The WorkerGroup method an execute mode runs through (verl's table)."""
+    names = {Execute.ALL: "execute_all", Execute.RANK_ZERO: "execute_rank_zero"}
+    if execute_mode not in names:
+        raise ValueError(
+            f"execute_mode must be Execute.ALL or Execute.RANK_ZERO, got {execute_mode!r}"
+        )
+    return {"execute_fn_name": names[execute_mode]}
 
 
 def _check_dispatch_mode(mode: Any) -> None:

@@ -109,3 +109,15 @@ def test_point20_master_addr_port_and_use_gpu(hf_local_backend, groups):
         WorkerGroup(
             ResourcePool([1], use_gpu=False), Keeper, backend=hf_local_backend, use_gpu=True
         )
+
+
+def test_point20_more_verl_names():
+    from hybridflow_dask.colocate import create_colocated_worker_cls_fused
+    from hybridflow_dask.decorators import MAGIC_ATTR, Execute, get_predefined_execute_fn
+
+    attrs = getattr(Keeper.read, MAGIC_ATTR)
+    assert attrs["dispatch_mode"] is Dispatch.ONE_TO_ALL and attrs["blocking"] is True
+    assert get_predefined_execute_fn(Execute.RANK_ZERO) == {"execute_fn_name": "execute_rank_zero"}
+    assert WorkerGroup.fused_worker_execute_fn_name == "_fuw_execute"
+    assert WorkerGroup.spawn_fused is WorkerGroup.spawn
+    assert create_colocated_worker_cls_fused({"k": Keeper}).fused_worker_used
