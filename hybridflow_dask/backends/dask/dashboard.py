@@ -10,7 +10,15 @@ starts on the scheduler it adds two routes to the dashboard's running web server
 
 Groups are the ``hybridflow-group-*`` datasets the backend publishes; a rank is alive while
 its worker address is still in ``scheduler.workers``. Call counts and latencies come from
-the scheduler's task transitions of keys ``"{group}.{method}-<uuid hex>"``.
+two sources, counted alike:
+
+- calls sent as tasks: the scheduler's transitions of keys ``"{group}.{method}-<uuid hex>"``;
+- calls sent straight to a worker (no task): the ``hybridflow-call`` event the worker logs
+  when a call finishes (``Worker.log_event``), which reaches ``SchedulerPlugin.log_event``.
+  Each such call is also handed to Dask's ``TaskStreamPlugin`` as the record of a finished
+  task, through its ``transition`` hook, so the dashboard's task stream shows direct calls
+  as ``group.method`` bars next to ordinary tasks.
+
 The scheduler needs ``hybridflow_dask`` importable to load the plugin.
 """
 
@@ -23,13 +31,29 @@ import uuid
 from typing import Any
 
 from distributed import Client, SchedulerPlugin
+from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.protocol import deserialize
 from tornado import web
 
 from ..base import InstanceRef
-from .dashboard_page import CallStats, group_view, label_of, locate, render_html
+from .dashboard_page import (
+    CallStats,
+    group_view,
+    is_internal,
+    label_of,
+    locate,
+    method_name,
+    render_html,
+)
 
-__all__ = ["GROUP_DATASET", "PLUGIN_NAME", "GroupMonitor", "register_group_monitor", "task_key"]
+__all__ = [
+    "CALL_TOPIC",
+    "GROUP_DATASET",
+    "PLUGIN_NAME",
+    "GroupMonitor",
+    "register_group_monitor",
+    "task_key",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -37,6 +61,11 @@ PLUGIN_NAME = "hybridflow-groups"
 #: Prefix of the published datasets that list each group's instances (the backend writes them).
 GROUP_DATASET = "hybridflow-group-"
 PAGE_ROUTE, JSON_ROUTE = "hybridflow", "hybridflow/groups.json"
+#: Event topic of a finished direct call: ``{"key", "group", "method", "rank", "worker",
+#: "start", "stop", "status": "OK" | "error", "nbytes"}``, times from the worker's clock.
+CALL_TOPIC = "hybridflow-call"
+#: The task stream's lane (its "thread") for direct calls on each worker.
+DIRECT_LANE = "hybridflow-direct"
 
 
 class GroupMonitor(SchedulerPlugin):
@@ -56,6 +85,10 @@ class GroupMonitor(SchedulerPlugin):
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         add_routes(scheduler)
+        # The dashboard adds this plugin when its task stream is first drawn; adding it now
+        # (as the dashboard does) also keeps the direct calls made before that.
+        if TaskStreamPlugin.name not in scheduler.plugins:
+            scheduler.add_plugin(TaskStreamPlugin(scheduler))
 
     # -- what the scheduler tells us ------------------------------------------------------
 
@@ -79,6 +112,44 @@ class GroupMonitor(SchedulerPlugin):
 
     def update_graph(self, scheduler: Any, *args: Any, **kwargs: Any) -> None:
         self.stats.forget(self._published)
+
+    def log_event(self, topic: str, msg: Any) -> None:
+        if topic != CALL_TOPIC or self.scheduler is None:
+            return
+        call = _direct_call(msg)
+        if call is None:
+            logger.debug("ignoring a malformed %s event: %r", CALL_TOPIC, msg)
+            return
+        if not self._published(call["group"]):
+            return  # a group already shut down (or never published): like a task's call
+        name = call["method"]
+        self.stats.finished(
+            call["group"],
+            method_name(name),
+            is_internal(name),
+            call["stop"] - call["start"],
+            call["status"] != "OK",
+        )
+        self._to_task_stream(call)
+
+    def _to_task_stream(self, call: dict[str, Any]) -> None:
+        """Hand the call to Dask's task stream as the record of a finished task."""
+        stream = self.scheduler.plugins.get(TaskStreamPlugin.name)
+        if stream is None:
+            return
+        ok = call["status"] == "OK"
+        stream.transition(
+            _stream_key(call),
+            "processing",
+            "memory" if ok else "erred",
+            worker=call["worker"],
+            thread=DIRECT_LANE,
+            startstops=({"action": "compute", "start": call["start"], "stop": call["stop"]},),
+            status="OK" if ok else "error",
+            nbytes=call["nbytes"],
+            metadata={},
+            stimulus_id=f"{CALL_TOPIC}-{call['stop']}",
+        )
 
     # -- the page's data ------------------------------------------------------------------
 
@@ -135,6 +206,42 @@ def task_key(label: str) -> str:
     dashboard instead of ``actor_rollout.generate_sequences``.
     """
     return f"{label.replace('-', '_')}-{uuid.uuid4().hex}"
+
+
+def _direct_call(msg: Any) -> dict[str, Any] | None:
+    """A ``hybridflow-call`` event's fields, checked, or ``None`` when it is malformed."""
+    if not isinstance(msg, dict):
+        return None
+    try:
+        call = {
+            "key": str(msg["key"]),
+            "group": str(msg["group"]),
+            "method": str(msg["method"]),
+            "worker": str(msg["worker"]),
+            "start": float(msg["start"]),
+            "stop": float(msg["stop"]),
+            "status": str(msg.get("status", "OK")),
+            "nbytes": int(msg.get("nbytes") or 0),
+        }
+    except (KeyError, TypeError, ValueError):
+        return None
+    if call["stop"] < call["start"]:
+        return None
+    return call
+
+
+def _stream_key(call: dict[str, Any]) -> str:
+    """The call's key if the task stream would name it ``group.method``, else one that does.
+
+    The task stream names a bar after ``key_split(key)``: a key shaped like a task's,
+    ``"{group}.{method}-<uuid hex>"``, shows as ``group.method`` (hyphens of the label made
+    underscores, as ``task_key`` does).
+    """
+    label = f"{call['group']}.{call['method']}".replace("-", "_")
+    key = call["key"]
+    if label_of(key) == label:
+        return key
+    return f"{label}-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex}"
 
 
 def _compute_time(startstops: Any) -> float | None:

@@ -1,6 +1,6 @@
 """The worker-group page's model and HTML: call statistics per (group, method), rendered.
 
-Pure Python, no Dask import: the scheduler plugin in ``dask_dashboard`` feeds it task
+Pure Python, no Dask import: the scheduler plugin in ``dashboard`` feeds it call
 outcomes and group membership, and this module turns them into the JSON and HTML the
 page serves, so both can be tested without a cluster.
 """
@@ -22,8 +22,10 @@ __all__ = [
     "CallStats",
     "MethodStats",
     "group_view",
+    "is_internal",
     "label_of",
     "locate",
+    "method_name",
     "percentile",
     "render_html",
 ]
@@ -56,10 +58,25 @@ def locate(label: str, is_group: Callable[[str], bool]) -> tuple[str, str, bool]
     while cut != -1:
         group, rest = label[:cut], label[cut + 1 :]
         if rest and is_group(group):
-            internal = rest in BOOKKEEPING or rest.rsplit(".", 1)[-1] in ROUTING
-            return group, rest, internal
+            return group, method_name(rest), is_internal(rest)
         cut = label.find(".", cut + 1)
     return None
+
+
+def is_internal(name: str) -> bool:
+    """Whether ``name`` (what follows the group in a label) is routing or bookkeeping."""
+    return name in BOOKKEEPING or name.rsplit(".", 1)[-1] in ROUTING
+
+
+def method_name(name: str) -> str:
+    """The one spelling the page uses for a user method: the fused group's.
+
+    A call through a role view of a fused group (``spawn``) is labelled
+    ``"{group}.{role}.{method}"`` while the same method called on the fused group is
+    ``"{group}.{role}_{method}"``; Python names hold no dots, so a dot in a user method's
+    name can only be that role boundary and becomes ``_``. Internal names keep theirs.
+    """
+    return name if is_internal(name) else name.replace(".", "_")
 
 
 def percentile(ordered: list[float], q: float) -> float | None:
