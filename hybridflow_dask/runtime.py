@@ -10,7 +10,7 @@ from typing import Any
 from .backends.base import Backend, FutureList
 from .protocol import DataProtoFuture
 
-__all__ = ["default_backend", "get", "init", "shutdown"]
+__all__ = ["dashboard_link", "default_backend", "get", "init", "shutdown"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +45,20 @@ def default_backend() -> Backend:
 
             logger.info("no backend given: starting DaskBackend() as the default")
             _default = DaskBackend()
+            logger.info("Dask dashboard: %s", dashboard_link(_default))
         return _default
+
+
+def dashboard_link(backend: Backend | None = None) -> str | None:
+    """The Dask dashboard URL of ``backend`` (default: the default backend, started if
+    needed), so a program can print where to watch its groups; ``None`` for a backend
+    without a dashboard such as ``LocalBackend``. The backend's ``groups_page`` is the
+    worker-group page on the same dashboard.
+    """
+    if backend is None:
+        backend = default_backend()
+    link = getattr(backend, "dashboard_link", None)
+    return link if isinstance(link, str) and link else None
 
 
 def shutdown() -> None:
