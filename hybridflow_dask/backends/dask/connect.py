@@ -162,38 +162,50 @@ def _run(coro: Any) -> None:
 
 
 def _reason(exc: BaseException, address: str) -> str:
-    """The cause, in words a user can act on."""
+    """The cause, in words a user can act on (the chain first, then a quick look)."""
     chain = []
     seen: BaseException | None = exc
     while seen is not None and seen not in chain:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
     if any(isinstance(e, ConnectionRefusedError) for e in chain):
-        return "connection refused: nothing listens on that port"
-    if any(isinstance(e, socket.gaierror) for e in chain) or not _resolves(address):
-        return "the host name does not resolve"
+        return REFUSED
+    if any(isinstance(e, socket.gaierror) for e in chain):
+        return UNRESOLVED
+    # Dask retries until the timeout, so the last error may be a cancelled attempt:
+    # look once more, briefly, at what answers there.
+    found = _look(address)
+    if found:
+        return found
     if any(isinstance(e, TimeoutError) or "Timed out" in str(e) for e in chain):
         return "timed out"
     first = str(exc).splitlines()[0] if str(exc) else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
 
-def _resolves(address: str, wait_s: float = 1.0) -> bool:
-    """Whether the host of a ``HOST:PORT`` address resolves (``True`` when unsure)."""
+REFUSED = "connection refused: nothing listens on that port"
+UNRESOLVED = "the host name does not resolve"
+
+
+def _look(address: str, wait_s: float = 1.0) -> str | None:
+    """``REFUSED`` or ``UNRESOLVED`` if a plain TCP connect says so within ``wait_s``."""
     scheme, sep, location = address.partition("://")
     if sep and scheme.lower() not in HOST_PORT_SCHEMES:
-        return True
-    host, _ = _split_host_port(location if sep else address)
+        return None
+    host, port = _split_host_port(location if sep else address)
     pool = concurrent.futures.ThreadPoolExecutor(1)
     try:
-        pool.submit(socket.getaddrinfo, host, None).result(timeout=wait_s)
+        connect = pool.submit(socket.create_connection, (host, int(port or 0)), wait_s)
+        connect.result(timeout=wait_s + 0.5).close()
+    except ConnectionRefusedError:
+        return REFUSED
     except socket.gaierror:
-        return False
+        return UNRESOLVED
     except Exception:
-        return True
+        return None
     finally:
         pool.shutdown(wait=False)
-    return True
+    return None
 
 
 def _discard(client: Any) -> None:
