@@ -2,7 +2,8 @@
 
 - ``hf_local_backend``: a fresh ``LocalBackend`` per test.
 - ``hf_dask_cluster``: one loopback ``LocalCluster`` per session (ini ``hf_dask_workers``,
-  default 2 single-threaded worker processes), closed at the end.
+  default 2 single-threaded worker processes), closed at the end. It does not grow: a
+  pool needing more free workers than it has is a ``ValueError`` that names the ini option.
 - ``hf_dask_backend``: a ``DaskBackend`` attached to that cluster, for the session.
 - ``hf_worker_group``: a factory ``make(cls_or_cwia, pool=[2], backend=..., **kw)`` whose
   groups are shut down after the test.
@@ -77,10 +78,26 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
 
 
 @pytest.fixture(scope="session")
-def hf_dask_backend(hf_dask_cluster: Any) -> Iterator[Any]:
+def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterator[Any]:
     from .backends.dask import DaskBackend
 
-    backend = DaskBackend(cluster=hf_dask_cluster)
+    workers = pytestconfig.getini("hf_dask_workers")
+
+    class FixtureBackend(DaskBackend):
+        """Says which ini option to raise when a pool does not fit the fixed cluster."""
+
+        def place(self, process_on_nodes: Any, use_gpu: Any, name: str) -> Any:
+            try:
+                return super().place(process_on_nodes, use_gpu, name)
+            except ValueError as exc:
+                raise ValueError(
+                    f"{exc} (the hf_dask_cluster fixture has {workers} worker processes, "
+                    "shared by every group alive in the session; raise the ini option "
+                    f'hf_dask_workers, e.g. hf_dask_workers = "{int(workers) * 2}" under '
+                    "[tool.pytest.ini_options])"
+                ) from None
+
+    backend = FixtureBackend(cluster=hf_dask_cluster)
     yield backend
     backend.shutdown()
 
