@@ -1,0 +1,459 @@
+"""hybridflow_dask (DaskBackend, default call path) against verl's RayWorkerGroup, one run.
+
+The cases of issue 8's target table, world size 2: no-op ONE_TO_ALL and RANK_ZERO calls,
+DP_COMPUTE_PROTO identity round trips of 64 and 256 MiB (GB/s = 2 x bytes / time), a
+64 MiB non-blocking chain A -> B on separate pools (2 + 2), backend + group of 2 ready
+(from nothing to the first call answered, a fresh runtime each time) and back-to-back
+non-blocking no-op calls with order kept (calls/s). Our side runs first, then verl's, so
+the two runtimes never compete for the CPUs; every figure is a median of that one run.
+
+verl and ray come with the optional extra ``compare`` (``pip install -e '.[compare]'``);
+without them only our side runs, with a message saying so. verl 0.9.1 has no predefined
+``Dispatch.RANK_ZERO`` functions, so its RANK_ZERO case is ``Execute.RANK_ZERO``.
+
+    python benchmarks/compare_verl.py [--quick] [--no-verl] [--out benchmarks/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend
+
+MiB = 1 << 20
+ROWS = 1024
+
+
+# ---- the settings of one run ------------------------------------------------------------
+
+
+@dataclass
+class Plan:
+    """How many repeats each case gets (``--quick`` shrinks them all)."""
+
+    noop_calls: int = 200
+    noop_warm: int = 20
+    sizes_mib: list[int] = field(default_factory=lambda: [64, 256])
+    data_repeats: int = 5
+    chain_mib: int = 64
+    chain_repeats: int = 5
+    ready_repeats: int = 3
+    burst_calls: int = 300
+
+    @classmethod
+    def quick(cls) -> Plan:
+        return cls(
+            noop_calls=20,
+            noop_warm=5,
+            sizes_mib=[1],
+            data_repeats=3,
+            chain_mib=1,
+            chain_repeats=3,
+            ready_repeats=1,
+            burst_calls=50,
+        )
+
+
+# ---- our side -----------------------------------------------------------------------------
+
+
+class Bench(hf.Worker):
+    """The same methods as verl's ``VerlBench`` below, on hybridflow_dask."""
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def noop(self) -> None:
+        return None
+
+    @hf.register(hf.Dispatch.RANK_ZERO)
+    def noop_rank_zero(self) -> None:
+        return None
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def noop_async(self) -> None:
+        return None
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def identity(self, data: hf.DataProto) -> hf.DataProto:
+        return data
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def identity_async(self, data: hf.DataProto) -> hf.DataProto:
+        return data
+
+
+class Ours:
+    """hybridflow_dask on an owned 4-worker DaskBackend with the default call path."""
+
+    name = "hybridflow_dask"
+
+    def __init__(self) -> None:
+        self.backend: DaskBackend | None = None
+        self.call_path = "?"
+
+    def start(self) -> None:
+        self.backend = DaskBackend(n_workers=4)
+        self.call_path = self.backend.call_path
+
+    def stop(self) -> None:
+        if self.backend is not None:
+            self.backend.shutdown()
+            self.backend = None
+
+    def group(self) -> Any:
+        return hf.WorkerGroup(hf.ResourcePool([2]), Bench, backend=self.backend)
+
+    @staticmethod
+    def data(tensor: torch.Tensor) -> hf.DataProto:
+        return hf.DataProto.from_dict({"x": tensor})
+
+    @staticmethod
+    def chain(a: Any, b: Any, data: hf.DataProto) -> hf.DataProto:
+        return hf.get(b.identity_async(a.identity_async(data)))
+
+    def burst(self, group: Any, calls: int) -> None:
+        futures = [group.noop_async() for _ in range(calls)]
+        self.backend.gather([f for fl in futures for f in fl])
+
+    @staticmethod
+    def ready() -> float:
+        """From nothing to a group of 2 answering its first call: a fresh DaskBackend()."""
+        start = time.perf_counter()
+        backend = DaskBackend()
+        try:
+            group = hf.WorkerGroup(hf.ResourcePool([2]), Bench, backend=backend)
+            group.noop()
+            return time.perf_counter() - start
+        finally:
+            backend.shutdown()
+
+    @staticmethod
+    def shutdown_group(group: Any) -> None:
+        group.shutdown()
+
+
+# ---- verl's side --------------------------------------------------------------------------
+
+
+def verl_available() -> str | None:
+    """None when verl and ray import, else why not."""
+    missing = [m for m in ("ray", "verl") if importlib.util.find_spec(m) is None]
+    if missing:
+        return f"{' and '.join(missing)} not installed (pip install -e '.[compare]')"
+    try:
+        from verl.single_controller.ray import RayWorkerGroup  # noqa: F401
+    except Exception as exc:  # an import error deep in verl's dependencies
+        return f"verl does not import: {type(exc).__name__}: {exc}"
+    return None
+
+
+def verl_worker_class() -> Any:
+    """verl's bench worker, built only once verl imports (pickled by value to Ray)."""
+    import ray
+    from verl.single_controller.base import Worker
+    from verl.single_controller.base.decorator import Dispatch, Execute, register
+
+    class VerlBench(Worker):
+        @register(Dispatch.ONE_TO_ALL)
+        def noop(self) -> None:
+            return None
+
+        @register(Dispatch.ALL_TO_ALL, execute_mode=Execute.RANK_ZERO)
+        def noop_rank_zero(self) -> None:
+            return None
+
+        @register(Dispatch.ONE_TO_ALL, blocking=False)
+        def noop_async(self) -> None:
+            return None
+
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def identity(self, data: Any) -> Any:
+            return data
+
+        @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
+        def identity_async(self, data: Any) -> Any:
+            return data
+
+    return ray.remote(VerlBench)
+
+
+class Verl:
+    """verl's RayWorkerGroup on a local Ray runtime (CPU only, one CPU per rank)."""
+
+    name = "verl on Ray"
+
+    def __init__(self) -> None:
+        self.cls = verl_worker_class()
+
+    @staticmethod
+    def _init_ray() -> None:
+        import ray
+
+        ray.init(
+            num_cpus=8,
+            include_dashboard=False,
+            log_to_driver=False,
+            logging_level="ERROR",
+            configure_logging=False,
+        )
+
+    def start(self) -> None:
+        self._init_ray()
+
+    def stop(self) -> None:
+        import ray
+
+        ray.shutdown()
+
+    def group(self) -> Any:
+        from verl.single_controller.ray import (
+            RayClassWithInitArgs,
+            RayResourcePool,
+            RayWorkerGroup,
+        )
+
+        # max_colocate_count=1: verl's default (10) asks each bundle for 10 CPUs
+        pool = RayResourcePool([2], use_gpu=False, max_colocate_count=1)
+        return RayWorkerGroup(pool, RayClassWithInitArgs(cls=self.cls))
+
+    @staticmethod
+    def data(tensor: torch.Tensor) -> Any:
+        from verl import DataProto
+
+        return DataProto.from_dict({"x": tensor})
+
+    @staticmethod
+    def chain(a: Any, b: Any, data: Any) -> Any:
+        return b.identity_async(a.identity_async(data)).get()
+
+    @staticmethod
+    def burst(group: Any, calls: int) -> None:
+        import ray
+
+        futures = [group.noop_async() for _ in range(calls)]
+        ray.get([f for refs in futures for f in refs])
+
+    def ready(self) -> float:
+        """From nothing to a group of 2 answering its first call: a fresh Ray runtime."""
+        start = time.perf_counter()
+        self._init_ray()
+        try:
+            group = self.group()
+            group.noop()
+            return time.perf_counter() - start
+        finally:
+            self.stop()
+
+    @staticmethod
+    def shutdown_group(group: Any) -> None:
+        import ray
+
+        for worker in getattr(group, "_workers", []):
+            ray.kill(worker)
+
+
+# ---- the cases ------------------------------------------------------------------------
+
+
+def percentile(values: list[float], q: float) -> float:
+    ordered = sorted(values)
+    return ordered[max(0, min(len(ordered) - 1, math.ceil(q * len(ordered)) - 1))]
+
+
+def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+def summary(times: list[float], **extra: Any) -> dict:
+    return {
+        "median_s": statistics.median(times),
+        "p90_s": percentile(times, 0.9),
+        "repeats": len(times),
+        "times_s": times,
+        **extra,
+    }
+
+
+def run_side(side: Any, plan: Plan, log: Callable[[str], None]) -> dict[str, dict]:
+    """Every case on one side; returns ``{case: summary}``."""
+    results: dict[str, dict] = {}
+
+    ready = [side.ready() for _ in range(plan.ready_repeats)]
+    results["backend + group of 2 ready"] = summary(ready)
+    log(f"{side.name}: ready {statistics.median(ready):.2f} s")
+
+    side.start()
+    try:
+        group = side.group()
+        for _ in range(plan.noop_warm):
+            group.noop()
+            group.noop_rank_zero()
+        for case, call in (
+            ("no-op ONE_TO_ALL call", group.noop),
+            ("no-op RANK_ZERO call", group.noop_rank_zero),
+        ):
+            times = timed(call, plan.noop_calls)
+            results[case] = summary(times, calls_per_s=1 / statistics.median(times))
+            log(f"{side.name}: {case} {statistics.median(times) * 1e3:.2f} ms")
+
+        side.burst(group, 10)  # warm
+        start = time.perf_counter()
+        side.burst(group, plan.burst_calls)
+        elapsed = time.perf_counter() - start
+        results["back-to-back non-blocking no-op calls"] = summary(
+            [elapsed], calls=plan.burst_calls, calls_per_s=plan.burst_calls / elapsed
+        )
+        log(f"{side.name}: burst {plan.burst_calls / elapsed:.0f} calls/s")
+
+        group.identity(side.data(torch.randn(ROWS, 256)))  # warm
+        for mib in plan.sizes_mib:
+            tensor = torch.randn(ROWS, mib * MiB // (ROWS * 4))
+            data = side.data(tensor)
+            times = timed(lambda d=data: group.identity(d), plan.data_repeats)
+            nbytes = tensor.numel() * tensor.element_size()
+            results[f"DP_COMPUTE_PROTO identity {mib} MiB"] = summary(
+                times, bytes=nbytes, gb_per_s=2 * nbytes / statistics.median(times) / 1e9
+            )
+            log(f"{side.name}: identity {mib} MiB {statistics.median(times):.3f} s")
+            del data, tensor
+            gc.collect()
+
+        consumer = side.group()
+        try:
+            tensor = torch.randn(ROWS, plan.chain_mib * MiB // (ROWS * 4))
+            data = side.data(tensor)
+            side.chain(group, consumer, side.data(torch.randn(ROWS, 256)))  # warm
+            times = timed(lambda: side.chain(group, consumer, data), plan.chain_repeats)
+            results[f"{plan.chain_mib} MiB chain A -> B, separate pools"] = summary(times)
+            log(f"{side.name}: chain {statistics.median(times):.3f} s")
+        finally:
+            side.shutdown_group(consumer)
+        side.shutdown_group(group)
+    finally:
+        side.stop()
+    return results
+
+
+# (case, the value compared, whether higher is better)
+def compared_value(case: str, result: dict) -> tuple[str, float, bool]:
+    if "gb_per_s" in result:
+        return "GB/s", result["gb_per_s"], True
+    if case.startswith("back-to-back"):
+        return "calls/s", result["calls_per_s"], True
+    return "s", result["median_s"], False
+
+
+def table(ours: dict[str, dict], verl: dict[str, dict] | None) -> list[dict]:
+    rows = []
+    for case, result in ours.items():
+        unit, value, higher = compared_value(case, result)
+        row: dict[str, Any] = {"case": case, "unit": unit, "ours": value, "verl": None}
+        if verl and case in verl:
+            other = compared_value(case, verl[case])[1]
+            row["verl"] = other
+            # > 1 means ours is better, whatever the unit
+            row["ours_better_by"] = value / other if higher else other / value
+        rows.append(row)
+    return rows
+
+
+def fmt(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
+    return f"{value:.2f} {unit}" if unit == "GB/s" else f"{value:.0f} {unit}"
+
+
+def print_table(rows: list[dict], call_path: str) -> None:
+    header = f"{'case':42} {'hybridflow_dask':>16} {'verl on Ray':>14} {'ours better by':>15}"
+    print(f"\nmedians, world size 2; hybridflow_dask call path: {call_path}")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        better = f"{row['ours_better_by']:.2f}x" if "ours_better_by" in row else "-"
+        print(
+            f"{row['case']:42} {fmt(row['unit'], row['ours']):>16} "
+            f"{fmt(row['unit'], row['verl']):>14} {better:>15}"
+        )
+
+
+def versions() -> dict[str, str | None]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found: dict[str, str | None] = {}
+    for name in ("hybridflow-dask", "distributed", "torch", "verl", "ray"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            found[name] = None
+    return found
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--quick", action="store_true", help="1 MiB data, few repeats")
+    parser.add_argument("--no-verl", action="store_true", help="run our side only")
+    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    args = parser.parse_args(argv)
+    plan = Plan.quick() if args.quick else Plan()
+    args.out.mkdir(parents=True, exist_ok=True)
+
+    def log(line: str) -> None:
+        print(line, flush=True)
+
+    why_not = "--no-verl given" if args.no_verl else verl_available()
+    if why_not:
+        print(f"verl side skipped: {why_not}; running hybridflow_dask only", flush=True)
+    started = time.perf_counter()
+    ours_side = Ours()
+    ours = run_side(ours_side, plan, log)
+    verl = run_side(Verl(), plan, log) if not why_not else None
+    rows = table(ours, verl)
+    print_table(rows, ours_side.call_path)
+    result = {
+        "meta": {
+            "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "quick": args.quick,
+            "world_size": 2,
+            "call_path": ours_side.call_path,
+            "verl_skipped": why_not,
+            "versions": versions(),
+            "python": sys.version.split()[0],
+            "cpus": os.cpu_count(),
+            "plan": plan.__dict__,
+            "wall_s": time.perf_counter() - started,
+        },
+        "table": rows,
+        "ours": ours,
+        "verl": verl,
+    }
+    out = args.out / ("compare_verl_quick.json" if args.quick else "compare_verl.json")
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()

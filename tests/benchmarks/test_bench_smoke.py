@@ -1,0 +1,84 @@
+"""The benchmark scripts still run: ``--quick`` in a subprocess, JSON with sane numbers.
+
+Only that they work is checked here; how fast is the benchmarks' business (a timed test on
+a shared 2-core machine would only be flaky).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
+MODES = {
+    "RANK_ZERO",
+    "ONE_TO_ALL",
+    "ALL_TO_ALL",
+    "DP_COMPUTE",
+    "DP_COMPUTE_PROTO",
+    "DP_COMPUTE_PROTO padded",
+    "DP_COMPUTE_PROTO_WITH_FUNC",
+    "DP_COMPUTE_METRIC",
+    "ND mesh (tp=2)",
+}
+
+
+def run_script(name: str, *args: str, timeout: float = 100) -> subprocess.CompletedProcess:
+    proc = subprocess.run(
+        [sys.executable, str(BENCH / name), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=BENCH.parent,
+    )
+    assert proc.returncode == 0, f"{name} exited {proc.returncode}:\n{proc.stderr[-4000:]}"
+    return proc
+
+
+@pytest.mark.timeout(120)
+def test_bench_dispatch_quick(tmp_path: Path) -> None:
+    proc = run_script("bench_dispatch.py", "--quick", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "dispatch_quick.json").read_text())
+    rows = result["rows"]
+    assert result["meta"]["quick"] is True
+    assert {r["mode"] for r in rows} == MODES
+    assert {r["backend"] for r in rows} == {"local", "dask-task", "dask-direct"}
+    assert {r["call_path"] for r in rows if r["backend"] != "local"} <= {"task", "direct"}
+    assert {(r["world_size"], r["payload_mib"]) for r in rows} == {(2, 0), (2, 1)}
+    assert len(rows) == len(MODES) * 2 * 3
+    for row in rows:
+        assert 0 < row["median_s"] <= row["p90_s"] < 60, row
+        assert len(row["rank_received_bytes_per_call"]) == 2
+        if row["payload_mib"] == 1:
+            assert row["throughput_gb_per_s"] > 0, row
+            # every mode hands rank 0 some of the payload (about half, or all of it)
+            assert row["rank_received_bytes_per_call"][0] >= (1 << 20) // 2, row
+        if row["backend"] != "local":
+            assert row["driver_bytes_per_call"] >= 0, row
+    assert "DP_COMPUTE_PROTO" in proc.stdout
+
+
+@pytest.mark.timeout(120)
+def test_compare_verl_quick(tmp_path: Path) -> None:
+    proc = run_script("compare_verl.py", "--quick", "--no-verl", "--out", str(tmp_path))
+    result = json.loads((tmp_path / "compare_verl_quick.json").read_text())
+    assert "verl side skipped" in proc.stdout
+    assert result["meta"]["call_path"] in {"direct", "task"}
+    assert result["verl"] is None
+    cases = {row["case"]: row for row in result["table"]}
+    assert set(cases) == {
+        "backend + group of 2 ready",
+        "no-op ONE_TO_ALL call",
+        "no-op RANK_ZERO call",
+        "back-to-back non-blocking no-op calls",
+        "DP_COMPUTE_PROTO identity 1 MiB",
+        "1 MiB chain A -> B, separate pools",
+    }
+    for case, summary in result["ours"].items():
+        assert 0 < summary["median_s"] <= summary["p90_s"], case
+    for row in cases.values():
+        assert row["ours"] > 0 and row["verl"] is None, row
