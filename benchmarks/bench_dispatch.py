@@ -233,7 +233,10 @@ def open_backend(name: str, n_workers: int) -> Iterator[Any]:
             yield backend
         return
     path = name.removeprefix("dask-")
-    with dask.config.set({"hybridflow.call-path": path}), DaskBackend(n_workers=n_workers) as backend:
+    with (
+        dask.config.set({"hybridflow.call-path": path}),
+        DaskBackend(n_workers=n_workers) as backend,
+    ):
         live = getattr(backend, "call_path", path)
         if live != path:
             print(f"note: asked for call path {path!r}, the backend runs {live!r}")
