@@ -11,9 +11,10 @@ workers as the largest world size asked for, so ``--quick`` starts 2).
 
 Per case: median and p90 latency of a blocking call, throughput (2 x bytes / s for the
 modes whose result carries the data back, bytes / s for the one-way ones), bytes through
-the driver (``DaskBackend.driver_bytes``: scattered + gathered; arguments below
-``hybridflow.scatter-threshold`` ride inside the call message and are not counted) and
-the bytes each rank's method was given (``dask.sizeof``, measured on the worker).
+the driver as the backend counts them (``DaskBackend.driver_bytes``: what it scattered and
+gathered; arguments that ride inside the call message are not counted: small ones on the
+task path, all of them on the direct path) and the bytes each rank's method was given
+(``dask.sizeof``, measured on the worker).
 
     python benchmarks/bench_dispatch.py [--quick] [--plot] [--worlds 1 2 4] [--sizes 0 1 64 256]
 """
@@ -316,7 +317,12 @@ def plot(rows: list[dict], path: Path) -> bool:
     modes = list(dict.fromkeys(r["mode"] for r in rows))
     series = sorted({(r["backend"], r["world_size"]) for r in rows})
     colors = {"local": "#dd8452", "dask-task": "#8172b3", "dask-direct": "#4c72b0"}
-    fig, axes = plt.subplots(1, len(sizes), figsize=(5 * len(sizes), 1 + 0.5 * len(modes)))
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+    tall = 1.5 + 0.12 * len(modes) * max(len(series), 3)
+    fig, axes = plt.subplots(
+        1, len(sizes), figsize=(4.5 * len(sizes) + 2, tall), sharey=True, layout="constrained"
+    )
     axes = [axes] if len(sizes) == 1 else list(axes)
     height = 0.8 / max(len(series), 1)
     for ax, mib in zip(axes, sizes):
@@ -332,12 +338,19 @@ def plot(rows: list[dict], path: Path) -> bool:
             ax.barh(ys, xs, height, color=colors.get(backend, "gray"), alpha=alpha)
             ax.plot([], [], color=colors.get(backend, "gray"), alpha=alpha, lw=6)
         ax.set_yticks([m + 0.4 - height / 2 for m in range(len(modes))], modes, fontsize=7)
-        ax.invert_yaxis()
         ax.set_xscale("log")
+        ax.xaxis.set_major_locator(LogLocator(subs=(1, 2, 5)))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+        ax.xaxis.set_minor_formatter(NullFormatter())
         ax.set_xlabel("median ms (lower is better)")
         ax.set_title(f"{mib} MiB payload")
-    axes[-1].legend([f"{b} w={w}" for b, w in series], fontsize=7, loc="lower right")
-    fig.tight_layout()
+    axes[0].invert_yaxis()  # the axes share y: once flips them all
+    fig.legend(
+        [f"{b} w={w}" for b, w in series],
+        fontsize=8,
+        loc="outside lower center",
+        ncol=min(len(series), 6),
+    )
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return True
@@ -355,6 +368,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--modes", nargs="+", help="mode names to keep (default: all)")
     parser.add_argument("--repeats", type=int, default=30, help="repeats of 0 MiB calls")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument("--replot", type=Path, help="only draw the PNG of a results JSON")
     args = parser.parse_args(argv)
     if args.quick:
         args.worlds, args.sizes, args.repeats = [2], [0, 1], 5
@@ -365,6 +379,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.replot:
+        png = args.replot.with_suffix(".png")
+        if plot(json.loads(args.replot.read_text())["rows"], png):
+            print(f"wrote {png}")
+        return
     modes = [m for m in MODES if not args.modes or m.name in args.modes]
     if not modes:
         raise SystemExit(f"no mode matches {args.modes}; known: {[m.name for m in MODES]}")
