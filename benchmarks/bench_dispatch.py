@@ -391,6 +391,7 @@ def main(argv: list[str] | None = None) -> None:
     stem = "dispatch_quick" if args.quick else "dispatch"
     print(HEADER)
     print("-" * len(HEADER))
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     started = time.perf_counter()
     rows: list[dict] = []
     phases: dict[str, float] = {}
@@ -410,6 +411,7 @@ def main(argv: list[str] | None = None) -> None:
             "sizes_mib": args.sizes,
             "backends": args.backends,
             "wall_s": time.perf_counter() - started,
+            "load_avg_1m_start_end": [load_start, os.getloadavg()[0]],
             "phases_s": phases,
         },
         "rows": rows,

@@ -427,6 +427,7 @@ def main(argv: list[str] | None = None) -> None:
     why_not = "--no-verl given" if args.no_verl else verl_available()
     if why_not:
         print(f"verl side skipped: {why_not}; running hybridflow_dask only", flush=True)
+    load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     started = time.perf_counter()
     ours_side = Ours()
     ours = run_side(ours_side, plan, log)
@@ -445,6 +446,7 @@ def main(argv: list[str] | None = None) -> None:
             "cpus": os.cpu_count(),
             "plan": plan.__dict__,
             "wall_s": time.perf_counter() - started,
+            "load_avg_1m_start_end": [load_start, os.getloadavg()[0]],
         },
         "table": rows,
         "ours": ours,
