@@ -19,7 +19,9 @@ from typing import Any
 
 from .base import InstanceRef
 
-__all__ = ["EnvSwitch", "InstanceTable", "annotate_error", "find_free_port"]
+__all__ = ["EnvSwitch", "InstanceTable", "annotate_error", "explain_init_error", "find_free_port"]
+
+_INIT_TWICE = "default process group twice"
 
 
 class EnvSwitch:
@@ -37,14 +39,15 @@ class EnvSwitch:
     @contextlib.contextmanager
     def use(self, env: dict[str, str], *, keep: bool) -> Iterator[None]:
         """``env`` while the block runs; left in place afterwards if ``keep``."""
-        self._switch(env)
+        self.switch(env)
         try:
             yield
         finally:
             if not keep:
-                self._switch({})
+                self.switch({})
 
-    def _switch(self, env: dict[str, str]) -> None:
+    def switch(self, env: dict[str, str]) -> None:
+        """Make ``env`` the extra variables in place, taking back the previous ones."""
         for key in self._applied - env.keys():
             original = self._original.pop(key)
             if original is None:
@@ -67,6 +70,29 @@ def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseExc
     if hasattr(exc, "add_note"):
         exc.add_note(where)
     return exc
+
+
+def explain_init_error(exc: BaseException) -> BaseException:
+    """Say why ``init_process_group`` fails in a colocated instance, and the ways out.
+
+    Groups on one pool share each rank's process, so the second group's unguarded
+    ``torch.distributed.init_process_group()`` finds the first one's default group.
+    """
+    if _INIT_TWICE not in str(exc):
+        return exc
+    message = (
+        "torch.distributed is already initialized in this process: worker groups on the same "
+        "ResourcePool share each rank's process (and its default process group, which has the "
+        "pool's rank layout). Guard the call with `if not torch.distributed.is_initialized():` "
+        "as verl's workers do, fuse the roles into one class with create_colocated_worker_cls, "
+        "or put the groups on separate pools."
+    )
+    try:
+        clear = type(exc)(message)
+    except Exception:  # an exception type with another constructor
+        clear = RuntimeError(message)
+    clear.__cause__ = exc
+    return clear
 
 
 def find_free_port() -> int:
@@ -101,8 +127,7 @@ class InstanceTable:
             try:
                 obj = cls(*args, **kwargs)
             except BaseException as exc:
-                annotate_error(exc, ref, "__init__")
-                raise
+                raise annotate_error(explain_init_error(exc), ref, "__init__")  # noqa: B904
         with self._lock:
             self._instances[ref.key] = obj
             self._envs[ref.key] = dict(env)

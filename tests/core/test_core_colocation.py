@@ -180,8 +180,8 @@ def test_merge_resource_pool(backend, hf_worker_group):
     assert merged.world_size == 4
     wg = hf_worker_group(Ranked, merged, backend=backend)
     assert wg.local_place() == [(0, 0, 2), (1, 1, 2), (2, 0, 1), (3, 0, 1)]
-    with pytest.raises(ValueError, match="unplaced"):
-        merge_resource_pool(merged, ResourcePool([1]))
+    with pytest.raises(ValueError, match="max_colocate_count"):
+        merge_resource_pool(ResourcePool([1], max_colocate_count=1), ResourcePool([1]))
     with pytest.raises(ValueError, match="GPU"):
         merge_resource_pool(ResourcePool([1], use_gpu=True), ResourcePool([1], use_gpu=False))
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 
+import dask
 import pytest
 import torch
 
@@ -84,7 +85,9 @@ def test_chain_keeps_rows_and_values_for_every_world_size_pair(
         assert max(seen) < total
 
 
-def test_colocated_chain_does_not_move_shards(hf_dask_backend, hf_worker_group):
+def test_colocated_chain_does_not_move_shards_and_hands_the_consumer_a_private_copy(
+    hf_dask_backend, hf_worker_group
+):
     pool = hf.ResourcePool([2])
     producer = hf_worker_group(hf.ClassWithInitArgs(Stage, 1.0), pool, backend=hf_dask_backend)
     consumer = hf_worker_group(hf.ClassWithInitArgs(Stage, 0.0), pool, backend=hf_dask_backend)
@@ -92,7 +95,26 @@ def test_colocated_chain_does_not_move_shards(hf_dask_backend, hf_worker_group):
     made = producer.stats()
     for rank in range(2):
         rows = seen[rank * 4 : (rank + 1) * 4]
-        # The consumer's rank saw its shard in the very process and memory the producer's
-        # rank wrote it to: nothing was serialized or copied between the two calls.
+        # The consumer's rank read its shard in the very process the producer's rank wrote
+        # it in (nothing crossed a worker boundary), from a copy of its own: the producer's
+        # stored result is not the consumer's to change.
         assert set(rows.non_tensor_batch["pid"]) == {made[rank]["pid"]}
-        assert set(rows.batch["ptr"].tolist()) == {made[rank]["made_ptrs"][-1]}
+        assert set(rows.batch["ptr"].tolist()) != {made[rank]["made_ptrs"][-1]}
+
+
+def test_share_colocated_inputs_hands_over_the_very_tensors(hf_dask_cluster):
+    with dask.config.set({"hybridflow.share-colocated-inputs": True}):
+        backend = DaskBackend(cluster=hf_dask_cluster)
+    try:
+        pool = hf.ResourcePool([2])
+        producer = hf.WorkerGroup(pool, hf.ClassWithInitArgs(Stage, 1.0), backend=backend)
+        consumer = hf.WorkerGroup(pool, hf.ClassWithInitArgs(Stage, 0.0), backend=backend)
+        seen = hf.get(consumer.pointer_of_input(producer.forward(batch(8))))
+        made = producer.stats()
+        for rank in range(2):
+            rows = seen[rank * 4 : (rank + 1) * 4]
+            assert set(rows.batch["ptr"].tolist()) == {made[rank]["made_ptrs"][-1]}
+        consumer.shutdown()
+        producer.shutdown()
+    finally:
+        backend.shutdown()

@@ -1,17 +1,18 @@
-"""``DaskBackend``: ranks live in Dask worker processes, calls are pinned Dask tasks.
+"""``DaskBackend``: ranks live in Dask worker processes; the core talks to this class.
 
-Every call is a task pinned to its rank's worker, keyed ``"{group}.{method}-<id>"`` so
-the dashboard's task stream shows calls by role and method, and its result stays on
-that worker as an ordinary ``distributed.Future`` until someone needs it. Driver data is
-scattered straight to the worker that needs it; futures passed between groups move
-worker to worker. Worker deaths are learnt from the scheduler's ``remove-worker``
-events, so calls on a dead rank fail within a fraction of a second instead of hanging.
+It places pools on workers, keeps the per-instance sequence numbers that order calls, and
+learns of dead workers from the scheduler's ``remove-worker`` events (so calls on a dead
+rank fail within a fraction of a second instead of hanging). How a call travels is the
+call path's business: ``direct_path`` (the default, a message to the worker's own
+handler) or ``task_path`` (a pinned Dask task, public APIs only). Either way results are
+ordinary ``distributed.Future``s that stay on the workers until someone needs them, and
+futures passed between groups move worker to worker.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import itertools
 import logging
 import threading
 import time
@@ -20,27 +21,27 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dask.sizeof import sizeof
-from distributed import Client, Future, fire_and_forget, wait
+from distributed import Client, Future, wait
 
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
 from . import serialization  # noqa: F401  (registers the DataProto serializers)
 from .cluster import ClusterChoice, start_local_cluster
-from .config import call_timeout, max_local_workers, scatter_threshold
+from .config import (
+    call_path,
+    call_timeout,
+    max_local_workers,
+    scatter_threshold,
+    share_colocated_inputs,
+)
 from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
-from .host import (
-    InstanceHost,
-    WorkerRunner,
-    create_instance,
-    destroy_instance,
-    probe_worker,
-    run_call,
-    skip_call,
-    worker_port,
-)
-from .liveness import Liveness
+from .direct_path import DirectPath, ReplyFuture
+from .host import InstanceHost, WorkerRunner, probe_worker, worker_port
+from .internals import fail_future, future_state, pending_future
+from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
+from .task_path import TaskPath
 
 __all__ = ["DaskBackend"]
 
@@ -96,16 +97,23 @@ class DaskBackend:
         self._taken: set[str] = set()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
-        self._priority = itertools.count()
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
-        self._destroying: list[Future] = []
+        self._destroying: list[Any] = []
         self._closed = False
-        #: Bytes this driver sent to workers (scatter) and fetched from them (gather).
+        #: Bytes this driver sent to workers and fetched from them, whatever the path.
         self.driver_bytes = {"scattered": 0, "gathered": 0}
+        share = share_colocated_inputs()
+        self._tasks = TaskPath(self.client, self.driver_id, self._live, share=share)
+        self._direct = (
+            DirectPath(self.client, self.driver_id, self._live, share=share)
+            if call_path() == "direct"
+            else None
+        )
+        self._path: DirectPath | TaskPath = self._direct or self._tasks
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
         register_group_monitor(self.client)  # the /hybridflow page on the dashboard
-        self.client.subscribe_topic("all", self._on_scheduler_event)
+        TopicFanOut.subscribe(self.client, "all", self._on_scheduler_event)
 
     # -- public conveniences ------------------------------------------------------------
 
@@ -120,8 +128,13 @@ class DaskBackend:
         base = link[: -len("/status")] if link.endswith("/status") else link.rstrip("/")
         return base + "/hybridflow"
 
+    @property
+    def call_path(self) -> str:
+        """``"direct"`` or ``"task"``: how this backend's calls reach the workers."""
+        return self._path.name
+
     def __repr__(self) -> str:
-        return f"<DaskBackend scheduler={self.client.scheduler.address}>"
+        return f"<DaskBackend scheduler={self.client.scheduler.address} path={self.call_path}>"
 
     def __enter__(self) -> DaskBackend:
         return self
@@ -211,13 +224,15 @@ class DaskBackend:
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
+        if self._direct is not None:
+            return self._direct.port(slot)
         return self.client.run(worker_port, workers=[slot.address])[slot.address]
 
     # -- instances and calls ------------------------------------------------------------
 
     def create(
         self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict[str, str]
-    ) -> Future:
+    ) -> Any:
         self._check_alive(ref.slot, ref)
         with self._lock:
             self._seq[ref.key] = 0
@@ -226,18 +241,14 @@ class DaskBackend:
             members.append(ref)
             self._groups[ref.group] = members
         self.client.publish_dataset(**{GROUP_DATASET + ref.group: members}, override=True)
-        fut = self._submit(
-            create_instance,
-            ref,
-            cls,
-            self._ship(args, ref.slot),
-            self._ship(kwargs, ref.slot),
-            env,
-            label=f"{ref.group}.__init__",
-            slot=ref.slot,
-            ref=ref,
-        )
-        return fut
+        seq = self._next_seq(ref)
+        if self._direct is not None:
+            future = self._direct.create(ref, cls, args, kwargs, env, seq)
+        else:
+            args, kwargs = self._ship(args, ref.slot), self._ship(kwargs, ref.slot)
+            future = self._tasks.create(ref, cls, args, kwargs, env, seq)
+        self._live.track(future, ref.slot, ref, (args, kwargs))
+        return future
 
     def call(
         self,
@@ -248,32 +259,22 @@ class DaskBackend:
         *,
         label: str,
         blocking: bool = False,
-    ) -> Future:
+    ) -> Any:
         self._check_alive(ref.slot, ref)
-        args = self._ship(args, ref.slot)
-        kwargs = self._ship(kwargs, ref.slot)
-        seq = self._next_seq(ref)
-        try:
-            fut = self._submit(
-                run_call,
-                ref,
-                self.driver_id,
-                seq,
-                method,
-                args,
-                kwargs,
-                label=label,
-                slot=ref.slot,
-                ref=ref,
+        if self._direct is not None:
+            args, kwargs = _for_worker(args), _for_worker(kwargs)
+            seq = self._next_seq(ref)
+            future = self._direct.call(
+                ref, seq, method, args, kwargs, label=label, blocking=blocking
             )
-        except BaseException:
-            self._skip(ref, seq)  # e.g. an argument that cannot be pickled: never sent
-            raise
-        fire_and_forget(fut)  # a call runs to completion even if the driver drops it
-        # The callback also keeps the call's inputs referenced until it is done, so data
-        # handed over inside an argument (an unmaterialized future) is not released early.
-        fut.add_done_callback(lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))
-        return fut
+            self._live.track(future, ref.slot, ref, (args, kwargs))
+            return future
+        private = _shared_positions(args, kwargs)
+        args, kwargs = self._ship(args, ref.slot), self._ship(kwargs, ref.slot)
+        seq = self._next_seq(ref)
+        return self._tasks.call(
+            ref, seq, method, args, kwargs, label=label, blocking=blocking, private=private
+        )
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
@@ -281,34 +282,43 @@ class DaskBackend:
         self._check_open()
         if slot is not None:
             self._check_alive(slot, None)
-        return self._submit(fn, *args, label=label, slot=slot, ref=None)
+        unknown = self._direct.waits_for(futures_in(args)) if self._direct else []
+        if not unknown:
+            return self._tasks.submit(fn, *args, label=label, slot=slot, ref=None)
+        return self._submit_when_known(unknown, fn, args, label, slot)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
         """Wait for all, failing early on an error or a dead worker, then fetch directly."""
+        self._check_open("gather results")
         futures = list(futures)
-        pending = [f for f in futures if isinstance(f, Future)]
+        pending = [f for f in futures if _is_pending(f)]
         limit = call_timeout()
         start = time.monotonic()
         while pending:
-            try:
-                with self.client.as_current():
-                    wait(pending, timeout=POLL_S)
+            _wait_some(self.client, pending, POLL_S)
+            pending = [f for f in pending if not f.done()]
+            if any(f.status == "error" for f in futures if _is_pending_kind(f)):
                 break
-            except TimeoutError:  # distributed.wait raises rather than returning
-                pending = [f for f in pending if not f.done()]
-                if any(f.status == "error" for f in futures if isinstance(f, Future)):
-                    break
-                self._live.raise_if_lost(pending)
-                if limit is not None and time.monotonic() - start > limit:
-                    raise TimeoutError(self._live.still_running(pending, limit)) from None
-        values = self.client.gather(futures, direct=True)
+            self._check_open("gather results")
+            self._live.raise_if_lost(pending)
+            if limit is not None and pending and time.monotonic() - start > limit:
+                raise TimeoutError(self._live.still_running(pending, limit)) from None
+        for f in futures:  # the first failure, in rank order, as Dask's gather raises it
+            if isinstance(f, ReplyFuture) and f.exception() is not None:
+                raise f.exception()
+        remote = [f for f in futures if isinstance(f, Future)]
+        fetched = iter(self.client.gather(remote, direct=True) if remote else [])
+        values = [
+            next(fetched) if isinstance(f, Future) else f.result() if _is_reply(f) else f
+            for f in futures
+        ]
         self.driver_bytes["gathered"] += sum(
-            sizeof(v) for f, v in zip(futures, values) if isinstance(f, Future)
+            sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
         )
         return values
 
     def is_future(self, obj: Any) -> bool:
-        return isinstance(obj, Future)
+        return isinstance(obj, (Future, ReplyFuture))
 
     def alive(self, slot: Slot) -> bool:
         return not self._closed and not self._live.is_dead(slot)
@@ -320,18 +330,7 @@ class DaskBackend:
         for ref in refs:
             if self._live.is_dead(ref.slot):
                 continue
-            seq = self._next_seq(ref)
-            fut = self._submit(
-                destroy_instance,
-                ref,
-                self.driver_id,
-                seq,
-                label=f"{ref.group}.__del__",
-                slot=ref.slot,
-                ref=ref,
-            )
-            fire_and_forget(fut)
-            self._destroying.append(fut)
+            self._destroying.append(self._path.destroy(ref, self._next_seq(ref)))
         with self._lock:
             for ref in refs:
                 self._seq.pop(ref.key, None)
@@ -354,12 +353,15 @@ class DaskBackend:
             with contextlib.suppress(Exception):  # the scheduler may already be gone
                 self.destroy([ref for refs in list(self._groups.values()) for ref in refs])
         self._closed = True
+        self._tasks.close()
+        if self._direct is not None:
+            self._direct.close()
         with contextlib.suppress(Exception):
-            self.client.unsubscribe_topic("all")
+            TopicFanOut.unsubscribe(self.client, "all", self._on_scheduler_event)
             # Let groups shut down just before finish dropping their instances, so the
             # cluster does not close under them.
-            with self.client.as_current():
-                wait([f for f in self._destroying if not f.done()], timeout=SHUTDOWN_WAIT_S)
+            pending = [f for f in self._destroying if not f.done()]
+            _wait_some(self.client, pending, SHUTDOWN_WAIT_S)
         if self._owns_client:
             self.client.close()
         if self._owned_cluster is not None:
@@ -367,23 +369,37 @@ class DaskBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _submit(
+    def _submit_when_known(
         self,
+        unknown: list[Future],
         fn: Callable[..., Any],
-        *args: Any,
+        args: tuple,
         label: str,
         slot: Slot | None,
-        ref: InstanceRef | None,
     ) -> Future:
-        key = task_key(label)
-        options: dict[str, Any] = {"key": key, "pure": False}
+        """Submit ``fn`` once the keys it depends on are known to the scheduler."""
+        direct = self._direct
+        assert direct is not None
+        future = pending_future(self.client, task_key(label))
+        direct.expect(future.key)
+
+        async def submit_later() -> None:
+            try:
+                for dep in unknown:
+                    await direct.until_known(dep)
+                    if dep.status in ("error", "cancelled"):
+                        fail_future(future, future_state(dep).exception)
+                        return
+                if not self._closed:
+                    self._tasks.submit(fn, *args, label=label, slot=slot, ref=None, future=future)
+            except Exception as exc:  # the client is closing, or the task cannot be sent
+                fail_future(future, exc)
+            finally:
+                direct.announce(future.key)
+
+        asyncio.run_coroutine_threadsafe(submit_later(), self.client.loop.asyncio_loop)
         if slot is not None:
-            options.update(workers=[slot.address], allow_other_workers=False)
-        if ref is not None:
-            options["priority"] = -next(self._priority)
-        future = self.client.submit(fn, *args, **options)
-        if slot is not None:
-            self._live.track(future, slot, ref, args)
+            self._live.track(future, slot, None, args)
         return future
 
     def _ship(self, values: Any, slot: Slot) -> Any:
@@ -411,46 +427,35 @@ class DaskBackend:
             self._seq[key] = seq
             return seq
 
-    def _after_call(self, fut: Future, ref: InstanceRef, seq: int) -> None:
-        # An errored or cancelled call may never have run (its input failed): tell the
-        # worker to stop waiting for it. A no-op when the call did run.
-        if fut.status in ("error", "cancelled"):
-            self._skip(ref, seq)
-
-    def _skip(self, ref: InstanceRef, seq: int) -> None:
-        if self._closed or self._live.is_dead(ref.slot):
-            return
-        try:
-            fire_and_forget(
-                self.client.submit(
-                    skip_call,
-                    ref.key,
-                    self.driver_id,
-                    seq,
-                    workers=[ref.slot.address],
-                    allow_other_workers=False,
-                    pure=False,
-                    key=task_key(f"{ref.group}.__skip__"),
-                    priority=1_000_000,
-                )
-            )
-        except Exception:  # the client is closing
-            logger.debug("could not send skip for %s seq %d", ref.name, seq)
-
     def _on_scheduler_event(self, event: Any) -> None:
         address = self._live.on_scheduler_event(event)
-        if address is not None:
-            self._probe.pop(address, None)  # a worker restarted there is another process
-            if address in self._taken:
-                logger.warning("worker %s left the cluster; the ranks it hosted are lost", address)
+        if address is None:
+            return
+        self._probe.pop(address, None)  # a worker restarted there is another process
+        if address in self._taken and not self._closed:
+            logger.warning("worker %s left the cluster; the ranks it hosted are lost", address)
+        # Calls waiting for data that died with it can never run: fail them now, which
+        # also tells their (live) workers to skip them so later calls go ahead.
+        stranded = self._live.stranded()
+        if stranded:
+            self.client.loop.add_callback(self._cancel, stranded)
+
+    async def _cancel(self, futures: list[Any]) -> None:
+        tasks = [f for f in futures if isinstance(f, Future) and not f.done()]
+        if tasks:
+            await self.client.cancel(tasks, asynchronous=True)
 
     def _check_alive(self, slot: Slot, ref: InstanceRef | None) -> None:
         self._check_open()
         self._live.check(slot, ref)
 
-    def _check_open(self) -> None:
+    def _check_open(self, doing: str = "") -> None:
         if self._closed:
-            raise RuntimeError("this DaskBackend is shut down")
+            what = f"cannot {doing}: " if doing else ""
+            raise RuntimeError(
+                f"{what}this DaskBackend was shut down (backend.shutdown() or "
+                "hybridflow_dask.shutdown()); its results and instances are gone"
+            )
 
     def _workers(self) -> dict[str, dict]:
         return self.client.scheduler_info(n_workers=-1)["workers"]
@@ -462,17 +467,69 @@ class DaskBackend:
             for address, probe in self.client.run(probe_worker, workers=unknown).items():
                 self._probe[address] = probe
                 self._live.seen(address, probe["worker_id"])
-        return [
-            WorkerInfo(
-                addr,
-                info.get("host", addr),
-                str(info.get("name", addr)),
-                self._probe[addr]["device"],
-                self._probe[addr]["worker_id"],
+        free = []
+        for addr, info in workers.items():
+            probe = self._probe.get(addr)  # the event handler may drop it meanwhile
+            if addr in self._taken or probe is None or not self._live.known(addr):
+                continue
+            free.append(
+                WorkerInfo(
+                    addr,
+                    info.get("host", addr),
+                    str(info.get("name", addr)),
+                    probe["device"],
+                    probe["worker_id"],
+                )
             )
-            for addr, info in workers.items()
-            if addr not in self._taken and addr in self._probe and self._live.known(addr)
-        ]
+        return free
 
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"
+
+
+def _shared_positions(args: tuple, kwargs: dict) -> tuple:
+    """Which arguments are futures of stored results (to be copied before a method sees them)."""
+    positions: list[Any] = [i for i, a in enumerate(args) if isinstance(a, Future)]
+    positions += [k for k, v in kwargs.items() if isinstance(v, Future)]
+    return tuple(positions)
+
+
+def _is_reply(obj: Any) -> bool:
+    return isinstance(obj, ReplyFuture)
+
+
+def _is_pending_kind(obj: Any) -> bool:
+    return isinstance(obj, (Future, ReplyFuture))
+
+
+def _is_pending(obj: Any) -> bool:
+    return _is_pending_kind(obj) and not obj.done()
+
+
+def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` for Dask futures and reply futures alike."""
+    if not futures:
+        return
+    deadline = time.monotonic() + timeout
+    remote = [f for f in futures if isinstance(f, Future)]
+    replies = [f for f in futures if isinstance(f, ReplyFuture)]
+    if remote:
+        with contextlib.suppress(TimeoutError), client.as_current():
+            wait(remote, timeout=timeout)  # distributed.wait raises rather than returning
+    for f in replies:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        with contextlib.suppress(Exception):
+            f.exception(timeout=left)
+
+
+def _for_worker(values: Any) -> Any:
+    """Arguments as a rank receives them: a ``DataProtoFuture`` resolves through the worker."""
+
+    def convert(value: Any) -> Any:
+        return value.with_runner(WorkerRunner()) if isinstance(value, DataProtoFuture) else value
+
+    if isinstance(values, dict):
+        return {k: convert(v) for k, v in values.items()}
+    return tuple(convert(v) for v in values)

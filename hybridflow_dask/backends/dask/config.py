@@ -8,7 +8,14 @@ import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
 
-__all__ = ["call_timeout", "connect_timeout", "max_local_workers", "scatter_threshold"]
+__all__ = [
+    "call_path",
+    "call_timeout",
+    "connect_timeout",
+    "max_local_workers",
+    "scatter_threshold",
+    "share_colocated_inputs",
+]
 
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
 
@@ -25,6 +32,22 @@ def call_timeout() -> float | None:
 def connect_timeout() -> float:
     """Seconds to wait for a scheduler given by address (``hybridflow.connect-timeout``)."""
     return parse_timedelta(dask.config.get("hybridflow.connect-timeout"), default="seconds")
+
+
+def call_path() -> str:
+    """How calls reach workers (``hybridflow.call-path``): ``"direct"`` or ``"task"``."""
+    value = str(dask.config.get("hybridflow.call-path")).lower()
+    if value not in ("direct", "task"):
+        raise ValueError(
+            f"hybridflow.call-path must be 'direct' or 'task', got {value!r}; set it with "
+            "dask.config.set({'hybridflow.call-path': 'direct'})"
+        )
+    return value
+
+
+def share_colocated_inputs() -> bool:
+    """Whether a colocated consumer gets the producer's very objects (no copy)."""
+    return bool(dask.config.get("hybridflow.share-colocated-inputs"))
 
 
 def max_local_workers() -> int:

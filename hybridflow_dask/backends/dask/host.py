@@ -1,30 +1,51 @@
-"""The worker side of the Dask backend: a plugin that hosts instances and orders calls.
+"""The worker side of the Dask backend: a plugin that hosts instances as actors.
 
-Each Dask worker process gets one ``InstanceHost`` (a ``WorkerPlugin``). Method calls
-arrive as ordinary pinned tasks carrying a per-instance sequence number; a call that
-arrives early (a later call whose inputs were ready first) secedes from the worker's
-thread pool and waits for its turn, so calls on one instance run in the order the
-driver issued them without chaining every call to the previous one.
+Each Dask worker process gets one ``InstanceHost`` (a ``WorkerPlugin``). It keeps an
+``Actor`` per instance (its own thread, loop, call order and environment; see ``actor``)
+and takes calls two ways, both into the same per-instance order:
+
+- **direct** (the default path): the driver's message reaches a handler this plugin adds
+  to the worker (``hf_call`` and friends). The handler runs on the worker's event loop
+  only long enough to fetch inputs and hand the call to the actor; a blocking call's
+  result goes back in the reply, a non-blocking one stays in this worker's memory,
+  registered with the scheduler as an ordinary Dask key;
+- **task** (``hybridflow.call-path: task``): the call is a Dask task pinned to this worker
+  (``run_call``) that hands the call to the actor and waits off the worker's thread pool.
+
+Inputs that were already in this process (a colocated producer's result) are copied
+before the method sees them, so a consumer changing its input in place never changes the
+producer's stored result (``hybridflow.share-colocated-inputs`` turns that off).
 """
 
 from __future__ import annotations
 
-import contextlib
+import asyncio
+import copy
+import inspect
 import logging
+import pickle
 import threading
-from collections.abc import Iterator
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
+from dask.sizeof import sizeof
 from distributed import Future, get_client, get_worker, rejoin, secede
+from distributed.comm import CommClosedError
+from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
+from distributed.protocol import to_serialize
 
 from ..base import InstanceRef
-from ..hosting import InstanceTable, find_free_port
+from ..hosting import annotate_error, explain_init_error, find_free_port
+from .actor import Actor, EnvGate, current_worker
 from .dashboard import task_key
-from .internals import adopt_future
+from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
 
 __all__ = [
     "PLUGIN_NAME",
+    "InputKey",
     "InstanceHost",
     "create_instance",
     "destroy_instance",
@@ -35,71 +56,354 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "hybridflow-host"
+#: The event topic each direct call is reported on (the dashboard page counts them).
+CALL_TOPIC = "hybridflow-call"
 
 
-class CallOrder:
-    """Issue order of one driver's calls to one instance."""
+@dataclass(frozen=True)
+class InputKey:
+    """Stands in a direct call's arguments for a Dask key the worker fetches itself."""
 
-    def __init__(self) -> None:
-        self.next = 1
-        self.skipped: set[int] = set()
-        self.cond = threading.Condition()
+    key: str
 
-    def ready(self, seq: int) -> bool:
-        return self.next == seq
 
-    def wait_turn(self, seq: int) -> None:
-        with self.cond:
-            if self.ready(seq):
-                return
-        secede()  # free the thread slot so earlier calls (and their inputs) can run
-        with self.cond:
-            self.cond.wait_for(lambda: self.ready(seq))
-        rejoin()
+def swap_inputs(values: Any, swap: Callable[[Any], Any], depth: int = 2) -> Any:
+    """``values`` (a tuple or dict of arguments) with ``swap`` applied to each leaf."""
+    if isinstance(values, dict):
+        return {k: _swap_one(v, swap, depth) for k, v in values.items()}
+    return tuple(_swap_one(v, swap, depth) for v in values)
 
-    def finish(self, seq: int) -> None:
-        with self.cond:
-            if seq >= self.next:
-                self.skipped.add(seq)
-                while self.next in self.skipped:
-                    self.skipped.discard(self.next)
-                    self.next += 1
-            self.cond.notify_all()
+
+def _swap_one(value: Any, swap: Callable[[Any], Any], depth: int) -> Any:
+    if depth and isinstance(value, (tuple, list, dict)) and type(value) in (tuple, list, dict):
+        inner = swap_inputs(value, swap, depth - 1)
+        return list(inner) if isinstance(value, list) else inner
+    return swap(value)
+
+
+class _Construct:
+    """The job that builds an instance in its actor's thread."""
+
+    method = "__init__"
+
+    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
+        self.cls, self.args, self.kwargs = cls, args, kwargs
+
+    def __call__(self, actor: Actor) -> None:
+        if _has_coroutines(self.cls):
+            actor.start_loop()  # the loop lives as long as the instance, from its start
+        try:
+            actor.obj = self.cls(*self.args, **self.kwargs)
+        except BaseException as exc:
+            raise annotate_error(explain_init_error(exc), actor.ref, "__init__")  # noqa: B904
+
+
+class _Invoke:
+    """The job that runs one method call in its actor's thread."""
+
+    def __init__(self, method: str, args: tuple, kwargs: dict) -> None:
+        self.method, self.args, self.kwargs = method, args, kwargs
+
+    def __call__(self, actor: Actor) -> Any:
+        try:
+            return getattr(actor.obj, self.method)(*self.args, **self.kwargs)
+        except BaseException as exc:
+            raise annotate_error(exc, actor.ref, self.method)  # noqa: B904
 
 
 class InstanceHost(WorkerPlugin):
-    """Instances living in this worker process, and the order of calls to each."""
+    """Instances living in this worker process, each hosted by its ``Actor``."""
 
     name = PLUGIN_NAME
     idempotent = True
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        self.table = InstanceTable()
-        self.orders: dict[tuple[str, str], CallOrder] = {}
+        self.actors: dict[str, Actor] = {}
+        self.gate = EnvGate()
         self._lock = threading.Lock()
+        add_handlers(
+            worker,
+            {
+                "hf_create": self.handle_create,
+                "hf_call": self.handle_call,
+                "hf_destroy": self.handle_destroy,
+                "hf_skip": self.handle_skip,
+                "hf_port": self.handle_port,
+                "hf_stream": self.handle_stream,
+            },
+        )
+        self._registrar = Registrar(worker)
 
-    def order(self, instance: str, driver: str) -> CallOrder:
+    def teardown(self, worker: Any) -> None:
         with self._lock:
-            order = self.orders.get((instance, driver))
-            if order is None:
-                order = self.orders[(instance, driver)] = CallOrder()
-            return order
+            actors, self.actors = list(self.actors.values()), {}
+        for actor in actors:
+            actor.stop()
 
-    @contextlib.contextmanager
-    def turn(self, instance: str, driver: str, seq: int) -> Iterator[None]:
-        order = self.order(instance, driver)
-        order.wait_turn(seq)
+    # -- the table -------------------------------------------------------------------------
+
+    def actor(self, instance: str) -> Actor:
         try:
-            yield
-        finally:
-            order.finish(seq)
+            return self.actors[instance]
+        except KeyError:
+            raise LookupError(
+                f"instance {instance.split('#')[0]!r} is not in this worker process: its group "
+                "was shut down, or the worker restarted (see WorkerGroup.recover)"
+            ) from None
+
+    def new_actor(self, ref: InstanceRef, env: dict[str, str]) -> Actor:
+        actor = Actor(ref, env, self.gate, self.worker)
+        with self._lock:
+            old = self.actors.pop(ref.key, None)
+            self.actors[ref.key] = actor
+        if old is not None:
+            old.stop()
+        return actor
 
     def forget(self, instance: str) -> None:
-        self.table.remove(instance)
         with self._lock:
-            for key in [k for k in self.orders if k[0] == instance]:
-                del self.orders[key]
+            actor = self.actors.pop(instance, None)
+        if actor is not None:
+            actor.stop()
+
+    def skip(self, instance: str, driver: str, seq: int) -> None:
+        actor = self.actors.get(instance)
+        if actor is not None:  # a skip for a forgotten instance must not bring it back
+            actor.skip(driver, seq)
+
+    # -- the direct path's handlers (the worker's event loop) ------------------------------
+
+    async def handle_create(
+        self,
+        ref: InstanceRef,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        env: dict,
+        driver: str,
+        seq: int,
+        share: bool = False,
+    ) -> dict:
+        actor = self.new_actor(ref, env)
+        try:
+            args, kwargs = await self._resolve(args, kwargs, share)
+            await _wrap(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
+        except BaseException as exc:
+            self.forget(ref.key)
+            return _error_reply(exc)
+        return {"status": "OK"}
+
+    async def handle_call(
+        self,
+        instance: str,
+        driver: str,
+        seq: int,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        key: str,
+        keep: bool,
+        client: str,
+        share: bool = False,
+    ) -> dict:
+        actor = self.actors.get(instance)
+        if actor is None:
+            return _error_reply(_missing(instance))
+        start = time.time()
+        try:
+            args, kwargs = await self._resolve(args, kwargs, share)
+        except BaseException as exc:
+            actor.skip(driver, seq)
+            return _error_reply(exc)
+        try:
+            result = await _wrap(actor.submit(driver, seq, _Invoke(method, args, kwargs)))
+        except BaseException as exc:
+            self._log_call(actor, key, method, start, "error", 0)
+            return _error_reply(exc)
+        if keep:
+            nbytes = await self._registrar.keep(key, result, client)
+            self._log_call(actor, key, method, start, "OK", nbytes)
+            return {"status": "OK", "nbytes": nbytes}
+        self._log_call(actor, key, method, start, "OK", 0)
+        return {"status": "OK", "result": to_serialize(result)}
+
+    async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
+        actor = self.actors.get(instance)
+        if actor is not None:
+            try:
+                await _wrap(actor.close(driver, seq))
+            finally:
+                self.forget(instance)
+        return {"status": "OK"}
+
+    async def handle_stream(self, comm: Any) -> Any:
+        """Serve one driver's stream: batches of messages in, batches of replies out.
+
+        One long-lived connection per driver and worker carries every message, each with
+        an ``id`` its reply repeats; replies are written as they are ready, many per write.
+        """
+        outbox: list[dict] = []
+        ready = asyncio.Event()
+        tasks: set[asyncio.Task] = set()
+
+        async def answer(msg: dict) -> None:
+            ident = msg.pop("id")
+            op = msg.pop("op")
+            try:
+                reply = await self._ops[op](**msg)
+            except Exception as exc:  # a bug on our side: the caller still gets an answer
+                reply = _error_reply(exc)
+            reply["id"] = ident
+            outbox.append(reply)
+            ready.set()
+
+        async def write() -> None:
+            while True:
+                await ready.wait()
+                ready.clear()
+                batch = outbox[:]
+                del outbox[:]
+                await comm.write(batch)
+
+        writer = asyncio.ensure_future(write())
+        try:
+            while True:
+                try:
+                    msgs = await comm.read()
+                except CommClosedError:
+                    break
+                for msg in msgs:
+                    task = asyncio.ensure_future(answer(msg))
+                    tasks.add(task)
+                    task.add_done_callback(tasks.discard)
+        finally:
+            writer.cancel()
+        return Status.dont_reply
+
+    @property
+    def _ops(self) -> dict[str, Any]:
+        return {
+            "hf_create": self.handle_create,
+            "hf_call": self.handle_call,
+            "hf_destroy": self.handle_destroy,
+            "hf_skip": _as_coroutine(self.handle_skip),
+            "hf_port": _as_coroutine(self.handle_port),
+        }
+
+    def handle_port(self) -> dict:
+        return {"status": "OK", "result": find_free_port()}
+
+    def handle_skip(self, instance: str, driver: str, seq: int) -> dict:
+        self.skip(instance, driver, seq)
+        return {"status": "OK"}
+
+    async def _resolve(self, args: tuple, kwargs: dict, share: bool) -> tuple[tuple, dict]:
+        keys: list[str] = []
+        swap_inputs(args, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
+        swap_inputs(kwargs, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
+        if not keys:
+            return args, kwargs
+        local = {k for k in keys if k in self.worker.data}
+        values = await fetch_keys(self.worker, keys)
+
+        def swap(value: Any) -> Any:
+            if not isinstance(value, InputKey):
+                return value
+            found = values[value.key]
+            return found if share or value.key not in local else copy.deepcopy(found)
+
+        return swap_inputs(args, swap), swap_inputs(kwargs, swap)
+
+    def _log_call(
+        self, actor: Actor, key: str, method: str, start: float, status: str, nbytes: int
+    ) -> None:
+        ref = actor.ref
+        self.worker.log_event(
+            CALL_TOPIC,
+            {
+                "key": key,
+                "group": ref.group,
+                "method": method,
+                "rank": ref.rank,
+                "worker": self.worker.address,
+                "start": start,
+                "stop": time.time(),
+                "status": status,
+                "nbytes": nbytes,
+            },
+        )
+
+
+class Registrar:
+    """Keeps results in the worker's memory and registers them with the scheduler in batches.
+
+    A result must be known to the scheduler before the driver may use its future, so each
+    kept result waits for a registration; all those waiting at one turn of the event loop
+    share one ``update_data`` message instead of paying a round trip each.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self._batch: dict[str, dict[str, int]] = {}  # client id -> key -> nbytes
+        self._waiters: list[asyncio.Future] = []
+
+    async def keep(self, key: str, value: Any, client: str) -> int:
+        self.worker.update_data(data={key: value})
+        nbytes = sizeof(value)
+        if not self._waiters:
+            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush()))
+        self._batch.setdefault(client, {})[key] = nbytes
+        waiter = asyncio.get_running_loop().create_future()
+        self._waiters.append(waiter)
+        await waiter
+        return nbytes
+
+    async def _flush(self) -> None:
+        batch, self._batch = self._batch, {}
+        waiters, self._waiters = self._waiters, []
+        try:
+            for client, nbytes in batch.items():
+                await register_keys(self.worker, nbytes, client)
+        except BaseException as exc:
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            raise
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
+
+
+def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
+    async def run(**kwargs: Any) -> Any:
+        return fn(**kwargs)
+
+    return run
+
+
+def _has_coroutines(cls: type) -> bool:
+    return any(inspect.iscoroutinefunction(getattr(cls, name, None)) for name in dir(cls))
+
+
+async def _wrap(future: Any) -> Any:
+    return await asyncio.wrap_future(future)
+
+
+def _missing(instance: str) -> LookupError:
+    return LookupError(
+        f"instance {instance.split('#')[0]!r} is not in this worker process: its group was "
+        "shut down, or the worker restarted (see WorkerGroup.recover)"
+    )
+
+
+def _error_reply(exc: BaseException) -> dict:
+    try:
+        pickle.dumps(exc)
+    except Exception:  # an exception that cannot travel: send its text instead
+        text = getattr(exc, "remote_traceback", "") or repr(exc)
+        exc = RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
+    return {"status": "error", "exception": to_serialize(exc)}
 
 
 def _host() -> InstanceHost:
@@ -112,33 +416,63 @@ def _host() -> InstanceHost:
         ) from None
 
 
-# ---- task functions (run as pinned tasks on the worker) ------------------------------
+# ---- the task path: functions that run as Dask tasks pinned to the worker ---------------
 
 
-def create_instance(ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> None:
-    """Construct the instance with the rank's environment in this worker process."""
-    _host().table.create(ref, cls, args, kwargs, env, restore=False)
+def _await_off_pool(future: Any) -> Any:
+    """Wait for an actor's outcome without holding a task thread its inputs may need."""
+    secede()
+    try:
+        return future.result()
+    finally:
+        rejoin()
+
+
+def create_instance(
+    ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, driver: str, seq: int
+) -> None:
+    """Build the instance (in its own actor thread) with the rank's environment."""
+    host = _host()
+    actor = host.new_actor(ref, env)
+    try:
+        _await_off_pool(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
+    except BaseException:
+        host.forget(ref.key)
+        raise
 
 
 def run_call(
-    ref: InstanceRef, driver: str, seq: int, method: str, args: tuple, kwargs: dict
+    ref: InstanceRef,
+    driver: str,
+    seq: int,
+    method: str,
+    args: tuple,
+    kwargs: dict,
+    private: tuple = (),
 ) -> Any:
+    """One call; ``private`` lists the arguments that are shared data to copy first."""
     host = _host()
-    host.table.get(ref.key)  # gone (group shut down): fail now rather than wait for a turn
-    with host.turn(ref.key, driver, seq):
-        return host.table.invoke(ref, method, args, kwargs, restore=False)
+    actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
+    if private:
+        args = tuple(copy.deepcopy(a) if i in private else a for i, a in enumerate(args))
+        kwargs = {k: copy.deepcopy(v) if k in private else v for k, v in kwargs.items()}
+    return _await_off_pool(actor.submit(driver, seq, _Invoke(method, args, kwargs)))
 
 
 def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
     host = _host()
-    with host.turn(ref.key, driver, seq):
-        pass
-    host.forget(ref.key)
+    actor = host.actors.get(ref.key)
+    if actor is None:
+        return
+    try:
+        _await_off_pool(actor.close(driver, seq))
+    finally:
+        host.forget(ref.key)
 
 
 def skip_call(instance: str, driver: str, seq: int) -> None:
     """A call that will never run (its input failed): let later calls go ahead."""
-    _host().order(instance, driver).finish(seq)
+    _host().skip(instance, driver, seq)
 
 
 class WorkerRunner:
@@ -146,15 +480,21 @@ class WorkerRunner:
 
     def submit(self, fn: Any, *args: Any, slot: Any = None, label: str = "hf") -> Any:
         options = {"workers": [slot.address], "allow_other_workers": False} if slot else {}
-        return get_client().submit(fn, *args, pure=False, key=task_key(label), **options)
+        return _client().submit(fn, *args, pure=False, key=task_key(label), **options)
 
     def gather(self, futures: Any) -> list[Any]:
-        # Futures unpickled with a task are bound to no client: adopt them by key.
-        client = get_client()
+        # Futures unpickled with a call are bound to no client: adopt them by key.
+        client = _client()
         return client.gather([adopt_future(client, f.key) for f in futures], direct=True)
 
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, Future)
+
+
+def _client() -> Any:
+    """The client of the worker this code runs in (an actor's thread or a task's)."""
+    worker = current_worker()
+    return worker_client_of(worker) if worker is not None else get_client()
 
 
 def worker_port() -> int:

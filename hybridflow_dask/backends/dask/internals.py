@@ -1,21 +1,42 @@
-"""The one place that uses a private Dask API, because no public one does the job.
+"""Every private Dask API the backend uses, in one place, each behind one small function.
 
-``adopt_future``: inside a worker task, turn the key of a future that travelled inside
-an argument (a ``DataProtoFuture`` handed to a ``materialize_futures=False`` method) into
-a working ``Future`` of the worker's client. Unpickled futures are not bound to any
-client, and a ``Future(key, client)`` made by hand never learns its state unless the
-scheduler is told that this client wants the key, which ``Client`` only says through
-its private ``_send_to_scheduler``. ``tests/dask/test_dask_internals.py`` fails loudly if
-Dask changes this.
+The direct call path needs things no public API offers: a worker answering our own
+messages (its comm handler table), a result kept in a worker's memory and made known to
+the scheduler as the result of a call (``Worker.update_data`` + ``Scheduler.update_data``,
+what ``Client.scatter`` does inside a task), a driver-side ``Future`` for a key that is not
+computed yet whose outcome we set ourselves (the client's ``FutureState``), and pulling a
+key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
+needs a future that travelled inside an argument to work in the worker's client
+(``Client._send_to_scheduler``). ``tests/dask/test_dask_internals.py`` exercises each one
+for real and fails loudly when a Dask release changes it; ``pyproject.toml`` bounds
+``distributed`` to the versions it passed on.
 """
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Callable, Collection
 from typing import Any
 
 from distributed import Future
+from distributed.worker import get_data_from_worker
 
-__all__ = ["adopt_future"]
+__all__ = [
+    "add_handlers",
+    "adopt_future",
+    "fail_future",
+    "fetch_keys",
+    "finish_future",
+    "future_state",
+    "pending_future",
+    "register_keys",
+    "submit_as",
+    "wait_future",
+    "worker_client_of",
+]
+
+#: How often ``fetch_keys`` asks a busy holder again.
+BUSY_RETRY_S = 0.01
 
 
 def adopt_future(client: Any, key: Any) -> Future:
@@ -23,3 +44,103 @@ def adopt_future(client: Any, key: Any) -> Future:
     future = Future(key, client)
     client._send_to_scheduler({"op": "client-desires-keys", "keys": [key], "client": client.id})
     return future
+
+
+def add_handlers(worker: Any, handlers: dict[str, Callable[..., Any]]) -> None:
+    """Let ``worker`` answer messages whose ``op`` is one of ``handlers``' names."""
+    worker.handlers.update(handlers)
+
+
+def worker_client_of(worker: Any) -> Any:
+    """The client a worker lends to code running in it (``get_client()`` in a task)."""
+    return worker._get_client()
+
+
+def pending_future(client: Any, key: str) -> Future:
+    """A driver-side ``Future`` for ``key`` that nothing computes yet: we set its outcome."""
+    return Future(key, client)
+
+
+def submit_as(
+    client: Any, future: Future, fn: Callable[..., Any], *args: Any, **options: Any
+) -> None:
+    """Submit ``fn`` as the task behind ``future`` (a ``pending_future`` handed out earlier).
+
+    ``Client.submit`` returns at once without sending anything when the key already has a
+    state in the client, so the pending state steps aside during the submit and is put
+    back, shared with the new task's future, so whoever waits on it sees the task's outcome.
+    """
+    key = future.key
+    with client._refcount_lock:
+        state = client.futures.pop(key, None)
+    inner = client.submit(fn, *args, key=key, **options)
+    if state is not None:
+        with client._refcount_lock:
+            client.futures[key] = state
+        inner._state = state
+        future._state = state
+
+
+def future_state(future: Future) -> Any:
+    return future._state
+
+
+def finish_future(future: Future) -> None:
+    """Mark a pending future finished (its key is now in a worker's memory). Loop thread."""
+    state = future._state
+    if state is not None and state.status == "pending":
+        state.finish()
+
+
+def fail_future(future: Future, exc: BaseException) -> None:
+    """Mark a pending future errored with ``exc``. Loop thread."""
+    state = future._state
+    if state is not None and state.status == "pending":
+        state.set_error(exc, exc.__traceback__)
+
+
+async def wait_future(future: Future, timeout: float | None = None) -> bool:
+    """Wait (on the client's loop) until ``future`` is done; whether it is."""
+    state = future._state
+    if state is None:
+        return True
+    try:
+        await asyncio.wait_for(state._get_event().wait(), timeout)
+    except asyncio.TimeoutError:
+        return False
+    return True
+
+
+async def register_keys(worker: Any, nbytes: dict[str, int], client_id: str) -> None:
+    """Tell the scheduler that ``worker`` holds ``nbytes``' keys, wanted by ``client_id``.
+
+    Runs on the worker's event loop, after ``worker.update_data`` stored the values. The
+    registration goes over an ordinary RPC (as ``Client.scatter`` inside a task does),
+    never over the worker's batched stream (the scheduler drops a worker that does that).
+    """
+    await worker.scheduler.update_data(
+        who_has={key: [worker.address] for key in nbytes}, nbytes=nbytes, client=client_id
+    )
+
+
+async def fetch_keys(worker: Any, keys: Collection[str]) -> dict[str, Any]:
+    """The values of ``keys``: from this worker's memory, else from the workers holding them."""
+    found = {k: worker.data[k] for k in keys if k in worker.data}
+    missing = [k for k in keys if k not in found]
+    if not missing:
+        return found
+    who_has = await worker.scheduler.who_has(keys=missing)
+    by_holder: dict[str, list[str]] = {}
+    for key in missing:
+        holders = who_has.get(key) or []
+        if not holders:
+            raise KeyError(f"no worker holds {key!r} any more (was its worker lost?)")
+        by_holder.setdefault(holders[0], []).append(key)
+    for holder, wanted in by_holder.items():
+        while True:
+            reply = await get_data_from_worker(worker.rpc, wanted, holder, who=worker.address)
+            if reply["status"] == "OK":
+                found.update(reply["data"])
+                break
+            await asyncio.sleep(BUSY_RETRY_S)
+    return found

@@ -20,7 +20,7 @@ from distributed import Future
 
 from ..base import InstanceRef, Slot, WorkerLostError
 
-__all__ = ["Liveness", "futures_in", "lost_error"]
+__all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -38,6 +38,7 @@ class Liveness:
         #: when its Future is freed.
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
         self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
+        self._refs: dict[str, Any] = {}  # task key -> weak reference to its future
 
     # -- what the backend tells us ---------------------------------------------------------
 
@@ -55,7 +56,12 @@ class Liveness:
         for dep in futures_in(args):
             needs |= self._tasks.get(dep.key, _NOTHING)[2]
         self._tasks[future.key] = (slot, ref, frozenset(needs))
-        weakref.finalize(future, self._tasks.pop, future.key, None)
+        self._refs[future.key] = weakref.ref(future)
+        weakref.finalize(future, self._forget, future.key)
+
+    def _forget(self, key: str) -> None:
+        self._tasks.pop(key, None)
+        self._refs.pop(key, None)
 
     def on_scheduler_event(self, event: Any) -> str | None:
         """Handle an event of the scheduler's ``all`` topic; the dead address, if any."""
@@ -82,21 +88,40 @@ class Liveness:
         if self.is_dead(slot):
             raise lost_error(slot, ref)
 
-    def raise_if_lost(self, futures: Sequence[Future]) -> None:
+    def raise_if_lost(self, futures: Sequence[Any]) -> None:
         """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
         if not self._dead:
             return
         for fut in futures:
-            slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
-            if slot is not None and self.is_dead(slot):
-                raise lost_error(slot, ref)
-            for worker_id in sorted(needs & self._dead):
-                host = self._hosted.get(worker_id)
-                hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
-                raise WorkerLostError(
-                    f"{_label(fut)} depends on data from a Dask worker that died{hosted}; "
-                    "the data is lost (see WorkerGroup.recover)"
-                )
+            error = self.lost(fut)
+            if error is not None:
+                raise error
+
+    def lost(self, fut: Any) -> WorkerLostError | None:
+        """Why ``fut`` can never finish (its worker, or an input's, died), or ``None``."""
+        if not self._dead:
+            return None
+        slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
+        if slot is not None and self.is_dead(slot):
+            return lost_error(slot, ref)
+        for worker_id in sorted(needs & self._dead):
+            host = self._hosted.get(worker_id)
+            hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
+            return WorkerLostError(
+                f"{_label(fut)} depends on data from a Dask worker that died{hosted}; "
+                "the data is lost (see WorkerGroup.recover)"
+            )
+        return None
+
+    def stranded(self) -> list[Any]:
+        """Pending tracked futures that can never finish because an input's worker died."""
+        found = []
+        for key, (_, _, needs) in list(self._tasks.items()):
+            if needs & self._dead:
+                fut = self._refs.get(key, lambda: None)()
+                if fut is not None and not fut.done():
+                    found.append(fut)
+        return found
 
     def still_running(self, pending: Sequence[Future], limit: float) -> str:
         where = []
@@ -115,6 +140,47 @@ def lost_error(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
         f"the Dask worker {slot.address} hosting {who} died; its instances and results "
         "are lost (WorkerGroup.recover() rebuilds the rank on a live worker)"
     )
+
+
+class TopicFanOut:
+    """Lets several backends on one ``Client`` each receive the scheduler's ``all`` events.
+
+    A client keeps one handler per topic, so a second subscriber would silently replace
+    the first, and the first to unsubscribe would cut off both. One fan-out per client,
+    kept on the client itself, calls every subscriber instead.
+    """
+
+    ATTRIBUTE = "_hybridflow_topic_fan_out"
+
+    def __init__(self) -> None:
+        self.handlers: list[Any] = []
+
+    def __call__(self, event: Any) -> None:
+        for handler in list(self.handlers):
+            try:
+                handler(event)
+            except Exception:  # one subscriber's bug must not starve the others
+                logger.exception("hybridflow event handler failed")
+
+    @classmethod
+    def subscribe(cls, client: Any, topic: str, handler: Any) -> None:
+        fan = getattr(client, cls.ATTRIBUTE, None)
+        if fan is None:
+            fan = cls()
+            setattr(client, cls.ATTRIBUTE, fan)
+            client.subscribe_topic(topic, fan)
+        fan.handlers.append(handler)
+
+    @classmethod
+    def unsubscribe(cls, client: Any, topic: str, handler: Any) -> None:
+        fan = getattr(client, cls.ATTRIBUTE, None)
+        if fan is None:
+            return
+        if handler in fan.handlers:
+            fan.handlers.remove(handler)
+        if not fan.handlers:
+            delattr(client, cls.ATTRIBUTE)
+            client.unsubscribe_topic(topic)
 
 
 def futures_in(values: Any, depth: int = 2) -> list[Future]:

@@ -1,0 +1,303 @@
+"""One instance on a Dask worker, hosted the way a Ray actor is hosted.
+
+A Ray actor has a thread of its own, an event loop that lives as long as it does, an
+environment that is its process's, and inputs nobody else can change. Instances here
+share a Dask worker process with the worker's event loop, its task threads and any
+colocated instances, so each ``Actor`` provides those things explicitly:
+
+- **its own thread**: ``__init__`` and every ``def`` method run there, one at a time, in
+  the order the driver issued them (a per-driver sequence number; calls that arrive early
+  wait in a table until their turn, calls that will never come are skipped);
+- **its own event loop**, started with the instance when its class has ``async def``
+  methods (or at the first awaitable a method returns) and stopped when it is destroyed:
+  background tasks keep running between calls; coroutine calls start in issue order and
+  overlap, up to ``MAX_CONCURRENCY`` at once, as on an async Ray actor;
+- **its own environment**: an ``EnvGate`` shared by the process puts the instance's
+  variables in ``os.environ`` and lets calls of instances with the very same variables
+  (the colocated ranks of one pool) run together, while an instance with other variables
+  waits until they are done.
+
+Copies of inputs are made by the caller (``host``), which knows where each came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import inspect
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+from ..base import InstanceRef
+from ..hosting import EnvSwitch, annotate_error
+
+__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate", "current_worker"]
+
+#: How many coroutine calls of one instance may run at once (Ray's default for async actors).
+MAX_CONCURRENCY = 1000
+
+_CLOSE = object()  # the job that ends an actor's thread
+_here = threading.local()  # what an actor's threads know about where they run
+
+
+def current_worker() -> Any:
+    """The Dask worker hosting the actor whose thread (or loop) calls this, or ``None``.
+
+    Dask tells its own task threads which worker they run in; actor threads are ours, so
+    code there (a method resolving a ``DataProtoFuture`` itself) asks here instead.
+    """
+    return getattr(_here, "worker", None)
+
+
+_SKIP = object()  # a sequence number that will never be called
+
+
+class EnvGate:
+    """Whose variables are in ``os.environ``; callers with equal variables share it.
+
+    One per worker process. Calls of instances whose environments are equal run at the
+    same time without any switching; a call that needs other variables waits until the
+    running ones finish, then switches. So no call ever sees a colocated instance's
+    variables, and the common case (one pool, one rank environment) costs a lock.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._switch = EnvSwitch()
+        self._current: frozenset | None = None
+        self._active = 0
+
+    @contextlib.contextmanager
+    def use(self, env: dict[str, str]) -> Iterator[None]:
+        wanted = frozenset(env.items())
+        with self._cond:
+            self._cond.wait_for(lambda: self._active == 0 or self._current == wanted)
+            if self._current != wanted:
+                self._switch.switch(env)
+                self._current = wanted
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()
+
+
+class _Order:
+    """Calls of one driver to one instance, by sequence number."""
+
+    def __init__(self) -> None:
+        self.next = 1
+        self.waiting: dict[int, Any] = {}
+
+    def pop_ready(self) -> Any:
+        while self.next in self.waiting:
+            job = self.waiting.pop(self.next)
+            self.next += 1
+            if job is not _SKIP:
+                return job
+        return None
+
+
+class Actor:
+    """One instance: its thread, its loop, its call order, its environment."""
+
+    def __init__(
+        self, ref: InstanceRef, env: dict[str, str], gate: EnvGate, worker: Any = None
+    ) -> None:
+        self.ref = ref
+        self.worker = worker
+        self.env = dict(env)
+        self.obj: Any = None
+        self._gate = gate
+        self._orders: dict[str, _Order] = {}
+        self._cond = threading.Condition()
+        self._closing = False
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._loop_thread: threading.Thread | None = None
+        self._slots: asyncio.Semaphore | None = None
+        self._thread = threading.Thread(target=self._serve, name=f"hf-{ref.name}", daemon=True)
+        self._thread.start()
+
+    # -- what the host asks ---------------------------------------------------------------
+
+    def submit(self, driver: str, seq: int, job: Callable[[], Any]) -> concurrent.futures.Future:
+        """Run ``job`` (given the instance) at its turn; the future holds its outcome."""
+        future: concurrent.futures.Future = concurrent.futures.Future()
+        with self._cond:
+            if self._closing:
+                future.set_exception(self._gone())
+                return future
+            self._order(driver).waiting[seq] = (job, future)
+            self._cond.notify()
+        return future
+
+    def skip(self, driver: str, seq: int) -> None:
+        """Sequence number ``seq`` will never be called: later calls go ahead."""
+        with self._cond:
+            order = self._order(driver)
+            if seq >= order.next:
+                order.waiting[seq] = _SKIP
+                self._cond.notify()
+
+    def close(self, driver: str, seq: int) -> concurrent.futures.Future:
+        """Destroy the instance after every call issued before ``seq``."""
+        return self.submit(driver, seq, _CLOSE)
+
+    def stop(self) -> None:
+        """Stop at once (the worker is closing): drop waiting calls, end thread and loop."""
+        with self._cond:
+            self._closing = True
+            for order in self._orders.values():
+                for entry in order.waiting.values():
+                    if entry is not _SKIP:
+                        entry[1].set_exception(self._gone())
+                order.waiting.clear()
+            self._cond.notify()
+        self._stop_loop()
+
+    # -- the instance's thread ------------------------------------------------------------
+
+    def _serve(self) -> None:
+        _here.worker = self.worker
+        while True:
+            with self._cond:
+                entry = self._cond.wait_for(self._next_job)
+            if entry is _CLOSE:
+                return
+            job, future = entry
+            if job is _CLOSE:
+                self._finish_close(future)
+                return
+            if not future.set_running_or_notify_cancel():
+                continue
+            self._run(job, future)
+
+    def _next_job(self) -> Any:
+        if self._closing:
+            return _CLOSE
+        for order in self._orders.values():
+            entry = order.pop_ready()
+            if entry is not None:
+                return entry
+        return None
+
+    def _run(self, job: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        try:
+            with self._gate.use(self.env):
+                result = job(self)
+        except BaseException as exc:  # the method's own error, annotated by the job
+            future.set_exception(exc)
+            return
+        if inspect.isawaitable(result):
+            self._start_coroutine(result, future, getattr(job, "method", "<coroutine>"))
+        else:
+            future.set_result(result)
+
+    def _finish_close(self, future: concurrent.futures.Future) -> None:
+        with self._cond:
+            self._closing = True
+            for order in self._orders.values():
+                for entry in order.waiting.values():
+                    if entry is not _SKIP and entry is not _CLOSE:
+                        entry[1].set_exception(self._gone())
+                order.waiting.clear()
+        self._stop_loop()
+        self.obj = None
+        future.set_result(None)
+
+    # -- the instance's event loop ----------------------------------------------------------
+
+    def start_loop(self) -> None:
+        """Give the instance a running loop of its own (idempotent)."""
+        if self._loop is not None:
+            return
+        loop = asyncio.new_event_loop()
+        ready = threading.Event()
+
+        def serve() -> None:
+            _here.worker = self.worker
+            asyncio.set_event_loop(loop)
+            self._slots = asyncio.Semaphore(MAX_CONCURRENCY)
+            loop.call_soon(ready.set)
+            loop.run_forever()
+            with contextlib.suppress(Exception):
+                pending = asyncio.all_tasks(loop)
+                for task in pending:
+                    task.cancel()
+                loop.run_until_complete(asyncio.gather(*pending, return_exceptions=True))
+            loop.close()
+
+        self._loop = loop
+        self._loop_thread = threading.Thread(
+            target=serve, name=f"hf-{self.ref.name}-loop", daemon=True
+        )
+        self._loop_thread.start()
+        ready.wait()
+
+    def _start_coroutine(
+        self, awaitable: Any, future: concurrent.futures.Future, method: str
+    ) -> None:
+        self.start_loop()
+
+        async def run() -> Any:
+            assert self._slots is not None
+            async with self._slots:
+                return await _Gated(awaitable, lambda: self._gate.use(self.env))
+
+        def done(task: concurrent.futures.Future) -> None:
+            try:
+                future.set_result(task.result())
+            except BaseException as exc:
+                future.set_exception(annotate_error(exc, self.ref, method))
+
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(run(), self._loop).add_done_callback(done)
+
+    def _stop_loop(self) -> None:
+        loop, thread = self._loop, self._loop_thread
+        self._loop = None
+        if loop is not None and not loop.is_closed():
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(loop.stop)
+            if thread is not None and thread is not threading.current_thread():
+                thread.join(timeout=5)
+
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _order(self, driver: str) -> _Order:
+        order = self._orders.get(driver)
+        if order is None:
+            order = self._orders[driver] = _Order()
+        return order
+
+    def _gone(self) -> LookupError:
+        return LookupError(
+            f"instance {self.ref.name} was destroyed: its group was shut down, or the worker "
+            "restarted (see WorkerGroup.recover)"
+        )
+
+
+class _Gated:
+    """Awaits a coroutine with its instance's environment in place during every step."""
+
+    def __init__(self, awaitable: Any, use_env: Callable[[], Any]) -> None:
+        self._it = awaitable.__await__()
+        self._use_env = use_env
+
+    def __await__(self) -> Any:
+        value: Any = None
+        error: BaseException | None = None
+        while True:
+            with self._use_env():
+                try:
+                    step = self._it.throw(error) if error is not None else self._it.send(value)
+                except StopIteration as stop:
+                    return stop.value
+            try:
+                value, error = (yield step), None
+            except BaseException as exc:  # cancellation and errors go into the coroutine
+                value, error = None, exc

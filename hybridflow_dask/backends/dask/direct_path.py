@@ -1,0 +1,387 @@
+"""The direct call path (the default): the driver talks to the worker's own handlers.
+
+A call is one message from the driver to the handler the worker's ``InstanceHost`` added
+(``hf_call``), answered when the method has run: no scheduler round trip and none of
+Dask's batching intervals on the way. What the driver holds afterwards is still an
+ordinary Dask future:
+
+- a **blocking** call's result comes back in the reply (the caller gathers it at once);
+- a **non-blocking** call's result stays in the worker's memory and is registered with
+  the scheduler under the call's key, so the driver's ``distributed.Future`` can be
+  gathered, passed to any later call (on either path) or released like any other.
+
+Messages are started on the client's event loop; a call whose inputs are futures waits
+there (never in the caller's thread) until they are in memory, then the worker fetches
+them from wherever they live. Per-instance order is kept by the sequence number each
+message carries, whatever order messages arrive in.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import contextlib
+import itertools
+import logging
+import threading
+from collections.abc import Sequence
+from typing import Any
+
+from distributed import Future
+from distributed.comm import CommClosedError, connect
+from distributed.protocol.serialize import Serialized, serialize
+
+from ..base import InstanceRef, Slot, WorkerLostError
+from .dashboard import task_key
+from .host import InputKey, swap_inputs
+from .internals import fail_future, finish_future, future_state, pending_future, wait_future
+from .liveness import Liveness, futures_in, lost_error
+
+__all__ = ["DirectPath", "ReplyFuture"]
+
+logger = logging.getLogger(__name__)
+
+#: How often a call waiting for its inputs checks that their workers are alive.
+INPUT_POLL_S = 0.1
+
+
+class ReplyFuture(concurrent.futures.Future):
+    """The outcome of a direct message the caller waits for (never held by the scheduler)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    @property
+    def status(self) -> str:
+        if not self.done():
+            return "pending"
+        return "error" if self.exception() is not None else "finished"
+
+
+class _Message:
+    """One message to a worker and what to do with its reply."""
+
+    __slots__ = ("address", "future", "inputs", "msg", "op", "ref", "seq", "slot")
+
+    def __init__(
+        self,
+        op: str,
+        slot: Slot,
+        ref: InstanceRef | None,
+        seq: int | None,
+        msg: dict,
+        inputs: list[Future],
+        future: Any,
+    ) -> None:
+        self.op, self.slot, self.ref, self.seq = op, slot, ref, seq
+        self.address = slot.address
+        self.msg, self.inputs, self.future = msg, inputs, future
+
+
+class DirectPath:
+    """Sends creations, calls, skips and teardowns straight to the workers' handlers."""
+
+    name = "direct"
+
+    def __init__(self, client: Any, driver_id: str, live: Liveness, *, share: bool) -> None:
+        self.client = client
+        self.driver_id = driver_id
+        self._live = live
+        self._share = share
+        self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
+        self._lock = threading.Lock()
+        self._outbox: list[_Message] = []
+        #: Keys the scheduler does not know yet (non-blocking calls in flight, tasks held back
+        #: until their inputs are known), each with the event that says it now is.
+        self._unknown: dict[str, asyncio.Event] = {}
+        self._tasks: set[asyncio.Task] = set()
+        self._channels: dict[str, Channel] = {}
+
+    # -- what the backend asks (the caller's thread) --------------------------------------
+
+    def create(
+        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, seq: int
+    ) -> ReplyFuture:
+        args, kwargs, inputs = self._placeholders(args, kwargs)
+        future = ReplyFuture(task_key(f"{ref.group}.__init__"))
+        msg = {
+            "ref": pack(ref, "the instance reference"),
+            "cls": pack(cls, f"worker class {getattr(cls, '__name__', cls)!r}"),
+            "args": pack(args, f"the arguments of {ref.group}.__init__"),
+            "kwargs": pack(kwargs, f"the keyword arguments of {ref.group}.__init__"),
+            "env": env,
+            "driver": self.driver_id,
+            "seq": seq,
+            "share": self._share,
+        }
+        self._post(_Message("hf_create", ref.slot, ref, seq, msg, inputs, future))
+        return future
+
+    def call(
+        self,
+        ref: InstanceRef,
+        seq: int,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        label: str,
+        blocking: bool,
+    ) -> Any:
+        key = task_key(label)
+        args, kwargs, inputs = self._placeholders(args, kwargs)
+        packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
+        packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
+        if blocking:
+            future: Any = ReplyFuture(key)
+        else:
+            future = pending_future(self.client, key)
+            self.expect(key)
+        msg = {
+            "instance": ref.key,
+            "driver": self.driver_id,
+            "seq": seq,
+            "method": method,
+            "args": packed_args,
+            "kwargs": packed_kwargs,
+            "key": key,
+            "keep": not blocking,
+            "client": self.client.id,
+            "share": self._share,
+        }
+        self._post(_Message("hf_call", ref.slot, ref, seq, msg, inputs, future))
+        return future
+
+    def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
+        future = ReplyFuture(task_key(f"{ref.group}.__del__"))
+        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
+        self._post(_Message("hf_destroy", ref.slot, ref, None, msg, [], future))
+        return future
+
+    def skip(self, ref: InstanceRef, seq: int) -> None:
+        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
+        self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], None))
+
+    def port(self, slot: Slot) -> int:
+        future = ReplyFuture("port")
+        self._post(_Message("hf_port", slot, None, None, {}, [], future))
+        return future.result()
+
+    def close(self) -> None:
+        """Close the streams to the workers (from any thread)."""
+        channels, self._channels = list(self._channels.values()), {}
+        for channel in channels:
+            with contextlib.suppress(RuntimeError):  # the loop is already closed
+                self._loop.call_soon_threadsafe(channel.close)
+
+    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
+        """Those of ``futures`` whose keys the scheduler does not know yet."""
+        with self._lock:
+            return [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
+
+    def expect(self, key: str) -> None:
+        """``key`` will be known to the scheduler later; tasks needing it must wait."""
+        with self._lock:
+            self._unknown[key] = asyncio.Event()
+
+    def announce(self, key: str) -> None:
+        """``key`` is known to the scheduler now (or never will be). Loop thread."""
+        with self._lock:
+            event = self._unknown.pop(key, None)
+        if event is not None:
+            event.set()
+
+    async def until_known(self, future: Future) -> None:
+        with self._lock:
+            event = self._unknown.get(future.key)
+        if event is not None:
+            await event.wait()
+
+    # -- the client's event loop -------------------------------------------------------------
+
+    def _post(self, message: _Message) -> None:
+        with self._lock:
+            self._outbox.append(message)
+            first = len(self._outbox) == 1
+        if first:  # one wake-up of the loop sends every message posted meanwhile
+            self._loop.call_soon_threadsafe(self._drain)
+
+    def _drain(self) -> None:
+        with self._lock:
+            messages, self._outbox = self._outbox, []
+        for message in messages:
+            task = self._loop.create_task(self._send(message))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+
+    async def _send(self, message: _Message) -> None:
+        try:
+            for dep in message.inputs:
+                await self._wait_input(dep, message)
+            reply = await self._rpc(message)
+        except BaseException as exc:
+            if message.seq is not None:
+                self._skip_now(message)
+            self._settle(message, None, exc)
+            return
+        if reply.get("status") == "OK":
+            self._settle(message, reply, None)
+        else:
+            self._settle(message, None, reply.get("exception") or RuntimeError(str(reply)))
+
+    async def _rpc(self, message: _Message) -> dict:
+        if self._live.is_dead(message.slot):
+            raise lost_error(message.slot, message.ref)
+        channel = self._channels.get(message.address)
+        if channel is None or channel.broken:
+            channel = self._channels[message.address] = Channel(
+                message.address, self.client.connection_args
+            )
+        try:
+            return await channel.request({"op": message.op, **message.msg})
+        except (CommClosedError, OSError) as exc:
+            raise lost_error(message.slot, message.ref) from exc
+
+    async def _wait_input(self, dep: Future, message: _Message) -> None:
+        while not await wait_future(dep, INPUT_POLL_S):
+            lost = self._live.lost(dep)
+            if lost is not None:
+                raise lost
+        if dep.status == "error":
+            raise future_state(dep).exception
+        if dep.status != "finished":
+            raise self._live.lost(dep) or WorkerLostError(
+                f"an input of {message.msg.get('method', message.op)} was {dep.status}"
+            )
+
+    def _skip_now(self, message: _Message) -> None:
+        if message.ref is None or self._live.is_dead(message.slot):
+            return
+        msg = {"instance": message.ref.key, "driver": self.driver_id, "seq": message.seq}
+        skip = _Message("hf_skip", message.slot, message.ref, None, msg, [], None)
+        task = self._loop.create_task(self._send(skip))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    def _settle(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
+        future = message.future
+        if future is None:
+            if error is not None:
+                logger.debug("message %s to %s failed: %r", message.op, message.address, error)
+            return
+        if isinstance(future, ReplyFuture):
+            if future.done():
+                return
+            if error is not None:
+                future.set_exception(error)
+            else:
+                future.set_result(reply.get("result") if reply else None)
+            return
+        if error is not None:
+            fail_future(future, error)
+        else:
+            finish_future(future)
+        self.announce(future.key)
+
+    # -- helpers ----------------------------------------------------------------------------------
+
+    def _placeholders(self, args: tuple, kwargs: dict) -> tuple[tuple, dict, list[Future]]:
+        """Futures among the arguments become ``InputKey``s the worker resolves itself."""
+        inputs = futures_in(args) + futures_in(kwargs)
+        if not inputs:
+            return args, kwargs, []
+
+        def swap(value: Any) -> Any:
+            return InputKey(value.key) if isinstance(value, Future) else value
+
+        return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
+
+
+def pack(value: Any, what: str) -> Serialized:
+    """Serialize in the caller's thread: an argument that cannot travel fails here, at once,
+    and the event loop only writes ready frames (tensors stay zero-copy views)."""
+    try:
+        return Serialized(*serialize(value, serializers=("dask", "pickle"), on_error="raise"))
+    except Exception as exc:
+        raise TypeError(
+            f"{what} cannot be sent to a Dask worker: {exc!r}; pass picklable values "
+            "(tensors, arrays, DataProto, plain Python objects)"
+        ) from exc
+
+
+class Channel:
+    """One long-lived stream to a worker's ``hf_stream`` handler, shared by every message.
+
+    Messages posted in one turn of the event loop go out in one write; replies come back
+    in batches and are matched to their requests by id. Opening a connection per call
+    would cost a connect and a handshake each; keeping one per worker costs neither.
+    """
+
+    def __init__(self, address: str, connection_args: dict) -> None:
+        self.address = address
+        self.broken = False
+        self._connection_args = connection_args
+        self._ids = itertools.count()
+        self._waiting: dict[int, asyncio.Future] = {}
+        self._outbox: list[dict] = []
+        self._wake = asyncio.Event()
+        self._comm: Any = None
+        self._runner = asyncio.ensure_future(self._run())
+
+    async def request(self, msg: dict) -> dict:
+        ident = next(self._ids)
+        msg["id"] = ident
+        reply = asyncio.get_running_loop().create_future()
+        self._waiting[ident] = reply
+        self._outbox.append(msg)
+        self._wake.set()
+        return await reply
+
+    def close(self) -> None:
+        self._fail(CommClosedError(f"stream to {self.address} closed"))
+        self._runner.cancel()
+        if self._comm is not None:
+            self._comm.abort()
+
+    async def _run(self) -> None:
+        try:
+            self._comm = await connect(self.address, **self._connection_args)
+            await self._comm.write({"op": "hf_stream", "reply": False})
+            reader = asyncio.ensure_future(self._read())
+            try:
+                while True:
+                    await self._wake.wait()
+                    self._wake.clear()
+                    batch, self._outbox = self._outbox, []
+                    await self._comm.write(batch)
+            finally:
+                reader.cancel()
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+
+    async def _read(self) -> None:
+        try:
+            while True:
+                for reply in await self._comm.read():
+                    waiter = self._waiting.pop(reply.pop("id"), None)
+                    if waiter is not None and not waiter.done():
+                        waiter.set_result(reply)
+        except asyncio.CancelledError:
+            raise
+        except BaseException as exc:
+            self._fail(exc)
+            self._runner.cancel()
+
+    def _fail(self, exc: BaseException) -> None:
+        self.broken = True
+        if self._comm is not None and not self._comm.closed():
+            self._comm.abort()
+        if not isinstance(exc, (CommClosedError, OSError)):
+            exc = CommClosedError(f"stream to {self.address} failed: {exc!r}")
+        waiting, self._waiting = self._waiting, {}
+        for waiter in waiting.values():
+            if not waiter.done():
+                waiter.set_exception(exc)
