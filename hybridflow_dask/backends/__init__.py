@@ -1,9 +1,15 @@
 """Backends: what runs the workers. ``Backend`` is the interface; the rest implement it."""
 
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
 from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
-from .dask import DaskBackend
 from .dask.connect import SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
+
+if TYPE_CHECKING:
+    from .dask import DaskBackend
 
 __all__ = [
     "Backend",
@@ -17,3 +23,12 @@ __all__ = [
     "Slot",
     "WorkerLostError",
 ]
+
+
+def __getattr__(name: str) -> Any:
+    # ``DaskBackend`` loads distributed (and torch with it): only when asked for.
+    if name == "DaskBackend":
+        from .dask.backend import DaskBackend
+
+        return DaskBackend
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

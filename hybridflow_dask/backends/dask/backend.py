@@ -37,7 +37,7 @@ from .config import (
 from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .direct_path import DirectPath, ReplyFuture
-from .host import InstanceHost, WorkerRunner, probe_worker, worker_port
+from .host import InstanceHost, WorkerRunner, count_instances, probe_worker, worker_port
 from .internals import fail_future, future_state, pending_future
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
@@ -51,6 +51,8 @@ logger = logging.getLogger(__name__)
 POLL_S = 0.1
 #: How long ``replace`` waits for a worker to take a dead one's place.
 REPLACE_WAIT_S = 60
+#: How long a released worker may take to come back as a fresh process.
+RESTART_WAIT_S = 60
 #: How long ``shutdown`` waits for groups' instances to be dropped.
 SHUTDOWN_WAIT_S = 5
 
@@ -95,6 +97,7 @@ class DaskBackend:
         self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"
         self._lock = threading.Lock()
         self._taken: set[str] = set()
+        self._dirty: set[str] = set()  # free workers a shut-down group ran in
         self._seq: dict[str, int] = {}
         self._live = Liveness()
         self._probe: dict[str, dict] = {}
@@ -147,8 +150,9 @@ class DaskBackend:
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
         self._check_open()
         need = sum(process_on_nodes)
+        self._freshen(need)
         with self._lock:
-            free = self._free_workers()
+            free = [w for w in self._free_workers() if w.address not in self._dirty]
             if self._owned_cluster is not None and len(free) < need and self._can_grow():
                 total = len(self._workers())
                 wanted = total + need - len(free)
@@ -162,7 +166,7 @@ class DaskBackend:
                     )
                 self._owned_cluster.scale(wanted)
                 self.client.wait_for_workers(wanted, timeout=120)
-                free = self._free_workers()
+                free = [w for w in self._free_workers() if w.address not in self._dirty]
             gpu_workers = [w for w in free if w.has_gpu]
             if use_gpu is None:
                 use_gpu = bool(gpu_workers) and len(gpu_workers) >= need
@@ -219,8 +223,44 @@ class DaskBackend:
             time.sleep(0.2)
 
     def release(self, slots: Sequence[Slot]) -> None:
+        """Give slots back. Their workers are restarted (fresh processes: no default process
+        group, module globals or CUDA context left by this group) before another pool takes
+        them, as every verl group gets new processes; clean workers are taken first."""
         with self._lock:
             self._taken.difference_update(s.address for s in slots)
+            self._dirty.update(s.address for s in slots if not self._live.is_dead(s))
+
+    def _freshen(self, need: int) -> None:
+        """Restart as many used free workers as a pool of ``need`` lacks clean ones."""
+        with self._lock:
+            free = self._free_workers()
+            clean = [w for w in free if w.address not in self._dirty]
+            used = [w.address for w in free if w.address in self._dirty]
+        restart = used[: max(0, need - len(clean))]
+        if restart:  # never one that hosts instances (another backend's, on a shared cluster)
+            hosting = self.client.run(count_instances, workers=restart, on_error="return")
+            busy = [a for a in restart if hosting.get(a) != 0]
+            with self._lock:
+                self._dirty.difference_update(busy)  # shared with live instances: reused
+            restart = [a for a in restart if a not in busy]
+        if not restart:
+            return
+        outcome = self.client.restart_workers(
+            restart, timeout=RESTART_WAIT_S, raise_for_error=False
+        )
+        with self._lock:
+            self._dirty.difference_update(restart)
+        reused = [a for a, status in outcome.items() if status != "OK"]
+        if reused:
+            logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
+        gone = set(restart) - set(reused)
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:  # until the scheduler lists the new processes
+            with self._lock:
+                addresses = {w.address for w in self._free_workers()}
+            if not addresses & gone and len(addresses) >= len(free):
+                return
+            time.sleep(0.05)
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
@@ -306,6 +346,10 @@ class DaskBackend:
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
             if isinstance(f, ReplyFuture) and f.exception() is not None:
                 raise f.exception()
+            if isinstance(f, Future) and f.status == "cancelled":
+                lost = self._live.lost(f)  # cancelled because its input died with a worker
+                if lost is not None:
+                    raise lost
         remote = [f for f in futures if isinstance(f, Future)]
         fetched = iter(self.client.gather(remote, direct=True) if remote else [])
         values = [
@@ -470,7 +514,9 @@ class DaskBackend:
         free = []
         for addr, info in workers.items():
             probe = self._probe.get(addr)  # the event handler may drop it meanwhile
-            if addr in self._taken or probe is None or not self._live.known(addr):
+            if addr in self._taken:
+                continue
+            if probe is None or not self._live.known(addr):
                 continue
             free.append(
                 WorkerInfo(
@@ -514,8 +560,10 @@ def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
     remote = [f for f in futures if isinstance(f, Future)]
     replies = [f for f in futures if isinstance(f, ReplyFuture)]
     if remote:
-        with contextlib.suppress(TimeoutError), client.as_current():
-            wait(remote, timeout=timeout)  # distributed.wait raises rather than returning
+        # distributed.wait raises on a timeout and on cancelled futures; outcomes are read
+        # from the futures afterwards either way.
+        with contextlib.suppress(Exception), client.as_current():
+            wait(remote, timeout=timeout)
     for f in replies:
         left = deadline - time.monotonic()
         if left <= 0:

@@ -31,6 +31,7 @@ from distributed import Future
 from distributed.comm import CommClosedError, connect
 from distributed.protocol.serialize import Serialized, serialize
 
+from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
 from .dashboard import task_key
 from .host import InputKey, swap_inputs
@@ -62,7 +63,7 @@ class ReplyFuture(concurrent.futures.Future):
 class _Message:
     """One message to a worker and what to do with its reply."""
 
-    __slots__ = ("address", "future", "inputs", "msg", "op", "ref", "seq", "slot")
+    __slots__ = ("address", "future", "inputs", "known", "msg", "op", "ref", "seq", "slot")
 
     def __init__(
         self,
@@ -77,6 +78,8 @@ class _Message:
         self.op, self.slot, self.ref, self.seq = op, slot, ref, seq
         self.address = slot.address
         self.msg, self.inputs, self.future = msg, inputs, future
+        #: Futures the worker will ask the scheduler about itself: they must exist there.
+        self.known: list[Future] = []
 
 
 class DirectPath:
@@ -150,7 +153,9 @@ class DirectPath:
             "client": self.client.id,
             "share": self._share,
         }
-        self._post(_Message("hf_call", ref.slot, ref, seq, msg, inputs, future))
+        message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, future)
+        message.known = _nested_futures(args) + _nested_futures(kwargs)
+        self._post(message)
         return future
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
@@ -219,6 +224,8 @@ class DirectPath:
         try:
             for dep in message.inputs:
                 await self._wait_input(dep, message)
+            for dep in message.known:
+                await self.until_known(dep)
             reply = await self._rpc(message)
         except BaseException as exc:
             if message.seq is not None:
@@ -296,6 +303,15 @@ class DirectPath:
             return InputKey(value.key) if isinstance(value, Future) else value
 
         return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
+
+
+def _nested_futures(values: Any) -> list[Future]:
+    """Futures inside ``DataProtoFuture`` arguments (a rank resolves those itself)."""
+    found: list[Future] = []
+    for value in values.values() if isinstance(values, dict) else values:
+        if isinstance(value, DataProtoFuture):
+            found += [f for f in (*value.parts, value.pad) if isinstance(f, Future)]
+    return found
 
 
 def pack(value: Any, what: str) -> Serialized:

@@ -39,6 +39,7 @@ from distributed.protocol import to_serialize
 
 from ..base import InstanceRef
 from ..hosting import annotate_error, explain_init_error, find_free_port
+from . import serialization  # noqa: F401  (workers decode DataProtos with it)
 from .actor import Actor, EnvGate, current_worker
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
@@ -495,6 +496,12 @@ def _client() -> Any:
     """The client of the worker this code runs in (an actor's thread or a task's)."""
     worker = current_worker()
     return worker_client_of(worker) if worker is not None else get_client()
+
+
+def count_instances(dask_worker: Any) -> int:
+    """How many instances live in this worker process (any backend's)."""
+    host = dask_worker.plugins.get(PLUGIN_NAME)
+    return len(host.actors) if host is not None else 0
 
 
 def worker_port() -> int:
