@@ -33,6 +33,7 @@ def init(backend: Backend | None = None, **kwargs: Any) -> Backend:
         elif kwargs:
             raise TypeError("pass either a backend or DaskBackend keyword arguments, not both")
         _default = backend
+        _close_at_exit()
         return backend
 
 
@@ -45,8 +46,17 @@ def default_backend() -> Backend:
 
             logger.info("no backend given: starting DaskBackend() as the default")
             _default = DaskBackend()
+            _close_at_exit()
             logger.info("Dask dashboard: %s", dashboard_link(_default))
         return _default
+
+
+def _close_at_exit() -> None:
+    # Registered once the backend exists, so after distributed's own exit hook (which
+    # closes local clusters): exit hooks run last-in first-out, so the backend shuts
+    # down cleanly before its cluster is closed under it.
+    atexit.unregister(shutdown)
+    atexit.register(shutdown)
 
 
 def dashboard_link(backend: Backend | None = None) -> str | None:
@@ -68,9 +78,6 @@ def shutdown() -> None:
         backend, _default = _default, None
     if backend is not None:
         backend.shutdown()
-
-
-atexit.register(shutdown)
 
 
 def get(x: Any) -> Any:

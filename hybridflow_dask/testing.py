@@ -79,6 +79,8 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
 
 @pytest.fixture(scope="session")
 def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterator[Any]:
+    import dask
+
     from .backends.dask import DaskBackend
 
     workers = pytestconfig.getini("hf_dask_workers")
@@ -97,7 +99,10 @@ def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterat
                     "[tool.pytest.ini_options])"
                 ) from None
 
-    backend = FixtureBackend(cluster=hf_dask_cluster)
+    # Tests share the session's workers: reusing their processes between groups keeps a
+    # suite fast (a backend you make yourself gives every new pool fresh processes).
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        backend = FixtureBackend(cluster=hf_dask_cluster)
     yield backend
     backend.shutdown()
 

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dask
 import pytest
 
 from hybridflow_dask.protocol import AUTO_PADDING_ENV, DataProtoConfig
@@ -13,6 +14,14 @@ def backend(request: pytest.FixtureRequest):
     if request.param == "local":
         return request.getfixturevalue("hf_local_backend")
     return request.getfixturevalue("hf_dask_backend")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _reuse_worker_processes():
+    """Backends made by tests reuse worker processes between groups, so the suite does not
+    wait for restarts; the tests about fresh processes turn it back on for themselves."""
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        yield
 
 
 @pytest.fixture(autouse=True)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+import dask
 import pytest
 import torch.distributed as dist
 
@@ -57,7 +58,10 @@ class Guarded(hf.Worker):
 
 @pytest.fixture(scope="module")
 def two_workers():
-    backend = DaskBackend(n_workers=2)
+    with dask.config.set(
+        {"hybridflow.fresh-processes": True}
+    ):  # the default, which conftest turns off
+        backend = DaskBackend(n_workers=2)
     yield backend
     backend.shutdown()
 

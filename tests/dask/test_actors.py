@@ -31,7 +31,8 @@ def make_backend(path: str, **kwargs) -> DaskBackend:
 
 @pytest.fixture(scope="module", params=PATHS)
 def path_backend(request, hf_dask_cluster):
-    backend = make_backend(request.param, cluster=hf_dask_cluster)
+    with dask.config.set({"hybridflow.fresh-processes": False}):  # the session's workers
+        backend = make_backend(request.param, cluster=hf_dask_cluster)
     assert backend.call_path == request.param
     yield backend
     backend.shutdown()

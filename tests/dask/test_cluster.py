@@ -10,6 +10,7 @@ import textwrap
 import pytest
 import torch
 import torch.distributed as dist
+from stream_helpers import wait_for_streamed
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
@@ -92,10 +93,11 @@ def test_worker_names_and_task_keys_are_visible_to_the_scheduler(hf_worker_group
             prefixes = sorted(dask_scheduler.task_prefixes)
             return names, prefixes
 
-        names, prefixes = backend.client.run_on_scheduler(names_and_prefixes)
+        names, _ = backend.client.run_on_scheduler(names_and_prefixes)
+        shown = wait_for_streamed(backend.client, {"critic.echo", "critic.__init__"})
         group.shutdown()
     assert names == ["hf-slot-0", "hf-slot-1"]
-    assert "critic.echo" in prefixes and "critic.__init__" in prefixes
+    assert {"critic.echo", "critic.__init__"} <= shown
 
 
 @pytest.mark.parametrize(

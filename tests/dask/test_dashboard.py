@@ -6,6 +6,7 @@ import json
 import urllib.request
 
 import pytest
+from stream_helpers import wait_for_streamed
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends.base import InstanceRef, Slot
@@ -164,8 +165,5 @@ def test_hyphenated_group_names_keep_group_and_method_in_dask_task_prefixes(
     group = hf_worker_group(Echo, [1], backend=hf_dask_backend, name_prefix="actor-rollout")
     group.echo(1)
 
-    def prefixes(dask_scheduler):
-        return sorted(dask_scheduler.task_prefixes)
-
-    assert "actor_rollout.echo" in hf_dask_backend.client.run_on_scheduler(prefixes)
+    assert "actor_rollout.echo" in wait_for_streamed(hf_dask_backend.client, {"actor_rollout.echo"})
     assert groups_json(hf_dask_backend)["actor-rollout"]["methods"]["echo"]["calls"] == 1

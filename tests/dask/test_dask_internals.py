@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 from distributed import get_client
 
 from hybridflow_dask.backends.dask.internals import adopt_future
@@ -30,3 +32,73 @@ def test_a_worker_can_adopt_a_future_that_travelled_inside_an_argument(hf_dask_b
     made.result()
     read = client.submit(_read_boxed, Box(made), workers=workers[1:2], pure=False)
     assert read.result(timeout=30) == 2
+
+
+# ---- what the direct call path relies on --------------------------------------------------
+
+
+def _answer(**kwargs):
+    return {"status": "OK", "echo": kwargs}
+
+
+def _install_handler(dask_worker):
+    from hybridflow_dask.backends.dask.internals import add_handlers
+
+    add_handlers(dask_worker, {"hf_canary": _answer})
+
+
+def test_a_worker_answers_a_handler_added_to_its_table(hf_dask_backend):
+    client = hf_dask_backend.client
+    address = sorted(client.scheduler_info()["workers"])[0]
+    client.run(_install_handler, workers=[address])
+
+    async def ask():
+        return await client.rpc(address).hf_canary(x=1)
+
+    assert client.sync(ask) == {"status": "OK", "echo": {"x": 1}}
+
+
+async def _keep(key, client_id, dask_worker=None):
+    """Runs on the worker's event loop (``client.run`` awaits coroutine functions there)."""
+    from hybridflow_dask.backends.dask.internals import register_keys
+
+    dask_worker.update_data(data={key: 41})
+    await register_keys(dask_worker, {key: 28}, client_id)
+
+
+def test_a_key_stored_on_a_worker_and_registered_is_an_ordinary_future(hf_dask_backend):
+    from distributed import wait
+
+    from hybridflow_dask.backends.dask.internals import (
+        finish_future,
+        pending_future,
+        submit_as,
+    )
+
+    client = hf_dask_backend.client
+    workers = sorted(client.scheduler_info()["workers"])
+    key = "canary.kept-0123456789abcdef0123456789abcdef"
+    future = pending_future(client, key)
+    assert future.status == "pending"  # nothing computes it: we set its outcome
+    client.run(_keep, key, client.id, workers=workers[:1])
+    client.loop.add_callback(finish_future, future)
+    with client.as_current():
+        wait([future], timeout=10)
+    assert future.status == "finished"
+    assert client.who_has([future])[key] == (workers[0],)
+    assert client.gather(future, direct=True) == 41
+    # a task on another worker takes it as an input (moved worker to worker)
+    assert client.submit(_inc, future, workers=workers[1:2], pure=False).result() == 42
+    # a task submitted later under a key handed out earlier fulfils that future
+    later = pending_future(client, "canary.later-0123456789abcdef0123456789abcdef")
+
+    async def submit_later():
+        submit_as(client, later, _inc, 1, pure=False)
+
+    client.sync(submit_later)
+    assert later.result(timeout=10) == 2
+    del future  # released: the key leaves the workers' memory
+    deadline = time.monotonic() + 10
+    while key in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks)):
+        assert time.monotonic() < deadline
+        time.sleep(0.05)

@@ -12,11 +12,14 @@ futures passed between groups move worker to worker.
 from __future__ import annotations
 
 import asyncio
+import atexit
 import contextlib
+import copy
 import logging
 import threading
 import time
 import uuid
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -30,6 +33,7 @@ from .cluster import ClusterChoice, start_local_cluster
 from .config import (
     call_path,
     call_timeout,
+    fresh_processes,
     max_local_workers,
     scatter_threshold,
     share_colocated_inputs,
@@ -98,6 +102,7 @@ class DaskBackend:
         self._lock = threading.Lock()
         self._taken: set[str] = set()
         self._dirty: set[str] = set()  # free workers a shut-down group ran in
+        self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
         self._probe: dict[str, dict] = {}
@@ -117,6 +122,10 @@ class DaskBackend:
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
         register_group_monitor(self.client)  # the /hybridflow page on the dashboard
         TopicFanOut.subscribe(self.client, "all", self._on_scheduler_event)
+        if self._owned_cluster is not None:
+            # A program that ends without shutdown(): close cleanly before distributed's own
+            # exit hook (registered earlier, so run later) closes the cluster under us.
+            atexit.register(_shutdown_at_exit, weakref.ref(self))
 
     # -- public conveniences ------------------------------------------------------------
 
@@ -228,7 +237,8 @@ class DaskBackend:
         them, as every verl group gets new processes; clean workers are taken first."""
         with self._lock:
             self._taken.difference_update(s.address for s in slots)
-            self._dirty.update(s.address for s in slots if not self._live.is_dead(s))
+            if self._fresh:
+                self._dirty.update(s.address for s in slots if not self._live.is_dead(s))
 
     def _freshen(self, need: int) -> None:
         """Restart as many used free workers as a pool of ``need`` lacks clean ones."""
@@ -304,9 +314,13 @@ class DaskBackend:
         if self._direct is not None:
             args, kwargs = _for_worker(args), _for_worker(kwargs)
             seq = self._next_seq(ref)
-            future = self._direct.call(
-                ref, seq, method, args, kwargs, label=label, blocking=blocking
-            )
+            try:
+                future = self._direct.call(
+                    ref, seq, method, args, kwargs, label=label, blocking=blocking
+                )
+            except BaseException:
+                self._direct.skip(ref, seq)  # never sent: later calls must not wait for it
+                raise
             self._live.track(future, ref.slot, ref, (args, kwargs))
             return future
         private = _shared_positions(args, kwargs)
@@ -345,7 +359,10 @@ class DaskBackend:
                 raise TimeoutError(self._live.still_running(pending, limit)) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
             if isinstance(f, ReplyFuture) and f.exception() is not None:
-                raise f.exception()
+                raise _detached(f.exception())
+            if isinstance(f, Future) and f.status == "error":
+                state = future_state(f)
+                raise _detached(state.exception).with_traceback(state.traceback)
             if isinstance(f, Future) and f.status == "cancelled":
                 lost = self._live.lost(f)  # cancelled because its input died with a worker
                 if lost is not None:
@@ -374,7 +391,10 @@ class DaskBackend:
         for ref in refs:
             if self._live.is_dead(ref.slot):
                 continue
-            self._destroying.append(self._path.destroy(ref, self._next_seq(ref)))
+            teardown = self._path.destroy(ref, self._next_seq(ref))
+            self._destroying.append(teardown)
+            # dropped once done, so a teardown's (empty) result is not kept on the worker
+            teardown.add_done_callback(self._forget_teardown)
         with self._lock:
             for ref in refs:
                 self._seq.pop(ref.key, None)
@@ -383,6 +403,10 @@ class DaskBackend:
             self._groups.pop(group, None)
             with contextlib.suppress(KeyError):
                 self.client.unpublish_dataset(GROUP_DATASET + group)
+
+    def _forget_teardown(self, teardown: Any) -> None:
+        with contextlib.suppress(ValueError):
+            self._destroying.remove(teardown)
 
     def lookup(self, group: str) -> list[InstanceRef]:
         self._check_open()
@@ -581,3 +605,20 @@ def _for_worker(values: Any) -> Any:
     if isinstance(values, dict):
         return {k: convert(v) for k, v in values.items()}
     return tuple(convert(v) for v in values)
+
+
+def _shutdown_at_exit(ref: weakref.ref) -> None:
+    backend = ref()
+    if backend is not None:
+        backend.shutdown()
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """A copy of a stored error to raise: raising the stored one would tie this call's
+    frames (and the futures they hold) to the client's record of the future forever."""
+    try:
+        clone = copy.copy(exc)
+    except Exception:  # an exception that cannot be copied: raise it as it is
+        return exc
+    clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
+    return clone

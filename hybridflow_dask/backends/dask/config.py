@@ -12,6 +12,7 @@ __all__ = [
     "call_path",
     "call_timeout",
     "connect_timeout",
+    "fresh_processes",
     "max_local_workers",
     "scatter_threshold",
     "share_colocated_inputs",
@@ -43,6 +44,11 @@ def call_path() -> str:
             "dask.config.set({'hybridflow.call-path': 'direct'})"
         )
     return value
+
+
+def fresh_processes() -> bool:
+    """Whether a pool's workers are restarted before another pool takes them."""
+    return bool(dask.config.get("hybridflow.fresh-processes"))
 
 
 def share_colocated_inputs() -> bool:

@@ -44,6 +44,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a call waiting for its inputs checks that their workers are alive.
 INPUT_POLL_S = 0.1
+#: How long a broken stream waits for the scheduler to confirm its worker died.
+DEATH_WAIT_S = 2.0
 
 
 class ReplyFuture(concurrent.futures.Future):
@@ -116,6 +118,7 @@ class DirectPath:
             "env": env,
             "driver": self.driver_id,
             "seq": seq,
+            "key": future.key,
             "share": self._share,
         }
         self._post(_Message("hf_create", ref.slot, ref, seq, msg, inputs, future))
@@ -173,12 +176,19 @@ class DirectPath:
         self._post(_Message("hf_port", slot, None, None, {}, [], future))
         return future.result()
 
-    def close(self) -> None:
-        """Close the streams to the workers (from any thread)."""
+    def close(self, timeout: float = 2.0) -> None:
+        """Close the streams and end the messages still in flight (from the caller's thread)."""
+        with contextlib.suppress(Exception):  # the loop may already be closed
+            asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout)
+
+    async def _close(self) -> None:
         channels, self._channels = list(self._channels.values()), {}
+        tasks = [*self._tasks, *(c.runner for c in channels)]
         for channel in channels:
-            with contextlib.suppress(RuntimeError):  # the loop is already closed
-                self._loop.call_soon_threadsafe(channel.close)
+            channel.close()
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
     def waits_for(self, futures: Sequence[Any]) -> list[Future]:
         """Those of ``futures`` whose keys the scheduler does not know yet."""
@@ -248,17 +258,22 @@ class DirectPath:
         try:
             return await channel.request({"op": message.op, **message.msg})
         except (CommClosedError, OSError) as exc:
+            # The stream broke first; the scheduler's word on the death follows within
+            # milliseconds. Wait for it, so liveness (and recover()) agree with the error.
+            deadline = self._loop.time() + DEATH_WAIT_S
+            while not self._live.is_dead(message.slot) and self._loop.time() < deadline:
+                await asyncio.sleep(0.01)
             raise lost_error(message.slot, message.ref) from exc
 
     async def _wait_input(self, dep: Future, message: _Message) -> None:
         while not await wait_future(dep, INPUT_POLL_S):
-            lost = self._live.lost(dep)
+            lost = self._live.lost_input(dep)
             if lost is not None:
                 raise lost
         if dep.status == "error":
             raise future_state(dep).exception
         if dep.status != "finished":
-            raise self._live.lost(dep) or WorkerLostError(
+            raise self._live.lost_input(dep) or WorkerLostError(
                 f"an input of {message.msg.get('method', message.op)} was {dep.status}"
             )
 
@@ -343,7 +358,7 @@ class Channel:
         self._outbox: list[dict] = []
         self._wake = asyncio.Event()
         self._comm: Any = None
-        self._runner = asyncio.ensure_future(self._run())
+        self.runner = asyncio.ensure_future(self._run())
 
     async def request(self, msg: dict) -> dict:
         ident = next(self._ids)
@@ -356,7 +371,7 @@ class Channel:
 
     def close(self) -> None:
         self._fail(CommClosedError(f"stream to {self.address} closed"))
-        self._runner.cancel()
+        self.runner.cancel()
         if self._comm is not None:
             self._comm.abort()
 
@@ -389,7 +404,7 @@ class Channel:
             raise
         except BaseException as exc:
             self._fail(exc)
-            self._runner.cancel()
+            self.runner.cancel()
 
     def _fail(self, exc: BaseException) -> None:
         self.broken = True

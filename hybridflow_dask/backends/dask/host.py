@@ -20,10 +20,14 @@ producer's stored result (``hybridflow.share-colocated-inputs`` turns that off).
 from __future__ import annotations
 
 import asyncio
+import atexit
+import contextlib
 import copy
 import inspect
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 from collections.abc import Callable
@@ -120,6 +124,7 @@ class InstanceHost(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
+        _quiet_user_errors()
         self.actors: dict[str, Actor] = {}
         self.gate = EnvGate()
         self._lock = threading.Lock()
@@ -141,6 +146,10 @@ class InstanceHost(WorkerPlugin):
             actors, self.actors = list(self.actors.values()), {}
         for actor in actors:
             actor.stop()
+        # The worker has closed; what is left is interpreter teardown, which takes a second
+        # or more once torch is loaded, while the nanny waits (and, on a busy machine,
+        # kills the process with a warning). Registered last, this runs first at exit.
+        atexit.register(_exit_now)
 
     # -- the table -------------------------------------------------------------------------
 
@@ -184,15 +193,19 @@ class InstanceHost(WorkerPlugin):
         env: dict,
         driver: str,
         seq: int,
+        key: str = "",
         share: bool = False,
     ) -> dict:
         actor = self.new_actor(ref, env)
+        start = time.time()
         try:
             args, kwargs = await self._resolve(args, kwargs, share)
             await _wrap(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
         except BaseException as exc:
             self.forget(ref.key)
+            self._log_call(actor, key, "__init__", start, "error", 0)
             return _error_reply(exc)
+        self._log_call(actor, key, "__init__", start, "OK", 0)
         return {"status": "OK"}
 
     async def handle_call(
@@ -381,6 +394,37 @@ def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
         return fn(**kwargs)
 
     return run
+
+
+class _UserErrorFilter(logging.Filter):
+    """Drops Dask's "Compute Failed" report for our call tasks: a method's exception is
+    re-raised once, in the driver, naming the group, method and rank. Dask's own errors
+    (a dead worker, a failed transfer) still show."""
+
+    TASKS = ("run_call", "create_instance", "destroy_instance")
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Compute Failed"):
+            return True
+        task = (
+            str(record.args[2]) if isinstance(record.args, tuple) and len(record.args) > 2 else ""
+        )
+        return not any(name in task for name in self.TASKS)
+
+
+def _quiet_user_errors() -> None:
+    worker_logger = logging.getLogger("distributed.worker")
+    if not any(isinstance(f, _UserErrorFilter) for f in worker_logger.filters):
+        worker_logger.addFilter(_UserErrorFilter())
+
+
+def _exit_now() -> None:
+    """End a closed worker's process without tearing down every module."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(0)
 
 
 def _has_coroutines(cls: type) -> bool:

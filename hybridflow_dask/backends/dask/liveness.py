@@ -113,6 +113,19 @@ class Liveness:
             )
         return None
 
+    def lost_input(self, fut: Any) -> WorkerLostError | None:
+        """Why another call can never get ``fut``'s data (its worker died), or ``None``."""
+        _, ref, needs = self._tasks.get(fut.key, _NOTHING)
+        dead = sorted(needs & self._dead)
+        if not dead:
+            return None
+        host = self._hosted.get(dead[0]) or ref
+        hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
+        return WorkerLostError(
+            f"{_label(fut)} is needed by a later call but was lost with the Dask worker that "
+            f"held it{hosted}; the data is gone (see WorkerGroup.recover)"
+        )
+
     def stranded(self) -> list[Any]:
         """Pending tracked futures that can never finish because an input's worker died."""
         found = []
