@@ -120,10 +120,8 @@ class InstanceTable:
                 "was shut down, or the worker restarted (see WorkerGroup.recover)"
             ) from None
 
-    def create(
-        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, *, restore: bool
-    ) -> None:
-        with self._env.use(env, keep=not restore):
+    def create(self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> None:
+        with self._env.use(env, keep=False):
             try:
                 obj = cls(*args, **kwargs)
             except BaseException as exc:
@@ -132,11 +130,9 @@ class InstanceTable:
             self._instances[ref.key] = obj
             self._envs[ref.key] = dict(env)
 
-    def invoke(
-        self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, *, restore: bool
-    ) -> Any:
+    def invoke(self, ref: InstanceRef, method: str, args: tuple, kwargs: dict) -> Any:
         obj = self.get(ref.key)
-        with self._env.use(self._envs[ref.key], keep=not restore):
+        with self._env.use(self._envs[ref.key], keep=False):
             try:
                 result = getattr(obj, method)(*args, **kwargs)
                 if inspect.isawaitable(result):

@@ -83,9 +83,7 @@ class LocalBackend:
     ) -> LocalFuture:
         self._check_open()
         self._groups.setdefault(ref.group, []).append(ref)
-        return self._run(
-            lambda a, k: self._table.create(ref, cls, a, k, env, restore=True), args, kwargs
-        )
+        return self._run(lambda a, k: self._table.create(ref, cls, a, k, env), args, kwargs)
 
     def call(
         self,
@@ -98,9 +96,7 @@ class LocalBackend:
         blocking: bool = False,
     ) -> LocalFuture:
         self._check_open()
-        return self._run(
-            lambda a, k: self._table.invoke(ref, method, a, k, restore=True), args, kwargs
-        )
+        return self._run(lambda a, k: self._table.invoke(ref, method, a, k), args, kwargs)
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"

@@ -150,12 +150,7 @@ class Actor:
     def stop(self) -> None:
         """Stop at once (the worker is closing): drop waiting calls, end thread and loop."""
         with self._cond:
-            self._closing = True
-            for order in self._orders.values():
-                for entry in order.waiting.values():
-                    if entry is not _SKIP:
-                        entry[1].set_exception(self._gone())
-                order.waiting.clear()
+            self._drop_waiting()
             self._cond.notify()
         self._stop_loop()
 
@@ -199,12 +194,7 @@ class Actor:
 
     def _finish_close(self, future: concurrent.futures.Future) -> None:
         with self._cond:
-            self._closing = True
-            for order in self._orders.values():
-                for entry in order.waiting.values():
-                    if entry is not _SKIP and entry is not _CLOSE:
-                        entry[1].set_exception(self._gone())
-                order.waiting.clear()
+            self._drop_waiting()
         self._stop_loop()
         self.obj = None
         future.set_result(None)
@@ -267,6 +257,15 @@ class Actor:
                 thread.join(timeout=5)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _drop_waiting(self) -> None:
+        """Close for good: calls still waiting for their turn fail (hold ``_cond``)."""
+        self._closing = True
+        for order in self._orders.values():
+            for entry in order.waiting.values():
+                if entry is not _SKIP:
+                    entry[1].set_exception(self._gone())
+            order.waiting.clear()
 
     def _order(self, driver: str) -> _Order:
         order = self._orders.get(driver)

@@ -481,7 +481,7 @@ class DaskBackend:
         if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
             return value
         if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
-            return value.with_runner(WorkerRunner())
+            return _worker_view(value)
         size = sizeof(value)
         if size < threshold:
             return value
@@ -599,12 +599,14 @@ def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
 def _for_worker(values: Any) -> Any:
     """Arguments as a rank receives them: a ``DataProtoFuture`` resolves through the worker."""
 
-    def convert(value: Any) -> Any:
-        return value.with_runner(WorkerRunner()) if isinstance(value, DataProtoFuture) else value
-
     if isinstance(values, dict):
-        return {k: convert(v) for k, v in values.items()}
-    return tuple(convert(v) for v in values)
+        return {k: _worker_view(v) for k, v in values.items()}
+    return tuple(_worker_view(v) for v in values)
+
+
+def _worker_view(value: Any) -> Any:
+    """A ``DataProtoFuture`` resolved inside the rank's worker; anything else as it is."""
+    return value.with_runner(WorkerRunner()) if isinstance(value, DataProtoFuture) else value
 
 
 def _shutdown_at_exit(ref: weakref.ref) -> None:

@@ -278,13 +278,8 @@ class DirectPath:
             )
 
     def _skip_now(self, message: _Message) -> None:
-        if message.ref is None or self._live.is_dead(message.slot):
-            return
-        msg = {"instance": message.ref.key, "driver": self.driver_id, "seq": message.seq}
-        skip = _Message("hf_skip", message.slot, message.ref, None, msg, [], None)
-        task = self._loop.create_task(self._send(skip))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        if message.ref is not None and not self._live.is_dead(message.slot):
+            self.skip(message.ref, message.seq)
 
     def _settle(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
         future = message.future

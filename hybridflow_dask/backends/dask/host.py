@@ -34,7 +34,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from dask.sizeof import sizeof
 from distributed import Future, get_client, get_worker, rejoin, secede
 from distributed.comm import CommClosedError
 from distributed.core import Status
@@ -221,9 +220,10 @@ class InstanceHost(WorkerPlugin):
         client: str,
         share: bool = False,
     ) -> dict:
-        actor = self.actors.get(instance)
-        if actor is None:
-            return _error_reply(_missing(instance))
+        try:
+            actor = self.actor(instance)
+        except LookupError as exc:
+            return _error_reply(exc)
         start = time.time()
         try:
             args, kwargs = await self._resolve(args, kwargs, share)
@@ -363,8 +363,7 @@ class Registrar:
         self._waiters: list[asyncio.Future] = []
 
     async def keep(self, key: str, value: Any, client: str) -> int:
-        self.worker.update_data(data={key: value})
-        nbytes = sizeof(value)
+        nbytes = self.worker.update_data(data={key: value})["nbytes"][key]
         if not self._waiters:
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush()))
         self._batch.setdefault(client, {})[key] = nbytes
@@ -433,13 +432,6 @@ def _has_coroutines(cls: type) -> bool:
 
 async def _wrap(future: Any) -> Any:
     return await asyncio.wrap_future(future)
-
-
-def _missing(instance: str) -> LookupError:
-    return LookupError(
-        f"instance {instance.split('#')[0]!r} is not in this worker process: its group was "
-        "shut down, or the worker restarted (see WorkerGroup.recover)"
-    )
 
 
 def _error_reply(exc: BaseException) -> dict:
