@@ -104,3 +104,26 @@ def test_colocated_groups_guarding_the_init_share_the_pools_process_group(two_wo
     finally:
         second.shutdown()
         first.shutdown()
+
+
+def test_groups_made_one_after_another_keep_every_slot_and_restart_quietly(two_workers, capfd):
+    """Back-to-back restarts must not lose a worker for good.
+
+    Dask's ``SpecCluster`` closes a nanny whose worker is away when ``lost-worker-timeout``
+    runs out; a slot restarted again inside that window used to be lost (the next pool
+    waited 60-120 s). A short timeout makes every restart fall inside the window.
+    """
+    cluster = two_workers._owned_cluster
+    nannies = dict(cluster.workers)
+    with dask.config.set({"distributed.deploy.lost-worker-timeout": "50ms"}):
+        for round_ in range(3):
+            group = hf.WorkerGroup(hf.ResourcePool([2]), Guarded, backend=two_workers)
+            try:
+                assert group.total(round_) == [2 * round_, 2 * round_]
+            finally:
+                group.shutdown()
+        # The same nannies restarted their processes: none was closed and replaced.
+        assert {name: id(n) for name, n in cluster.workers.items()} == {
+            name: id(n) for name, n in nannies.items()
+        }
+    assert "Restarting worker" not in capfd.readouterr().err

@@ -29,7 +29,7 @@ from distributed import Client, Future, wait
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
 from . import serialization  # noqa: F401  (registers the DataProto serializers)
-from .cluster import ClusterChoice, start_local_cluster
+from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .config import (
     call_path,
     call_timeout,
@@ -255,22 +255,23 @@ class DaskBackend:
             restart = [a for a in restart if a not in busy]
         if not restart:
             return
-        outcome = self.client.restart_workers(
-            restart, timeout=RESTART_WAIT_S, raise_for_error=False
-        )
-        with self._lock:
-            self._dirty.difference_update(restart)
-        reused = [a for a, status in outcome.items() if status != "OK"]
-        if reused:
-            logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
-        gone = set(restart) - set(reused)
-        deadline = time.monotonic() + RESTART_WAIT_S
-        while time.monotonic() < deadline:  # until the scheduler lists the new processes
+        with quiet_restarts():
+            outcome = self.client.restart_workers(
+                restart, timeout=RESTART_WAIT_S, raise_for_error=False
+            )
             with self._lock:
-                addresses = {w.address for w in self._free_workers()}
-            if not addresses & gone and len(addresses) >= len(free):
-                return
-            time.sleep(0.05)
+                self._dirty.difference_update(restart)
+            reused = [a for a, status in outcome.items() if status != "OK"]
+            if reused:
+                logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
+            gone = set(restart) - set(reused)
+            deadline = time.monotonic() + RESTART_WAIT_S
+            while time.monotonic() < deadline:  # until the scheduler lists the new processes
+                with self._lock:
+                    addresses = {w.address for w in self._free_workers()}
+                if not addresses & gone and len(addresses) >= len(free):
+                    return
+                time.sleep(0.05)
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)

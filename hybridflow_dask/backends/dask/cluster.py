@@ -7,14 +7,23 @@ one single-threaded worker process per slot. Both listen on the loopback interfa
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 from distributed import LocalCluster
+from distributed.deploy.cluster import Cluster
 
-__all__ = ["ClusterChoice", "choose_local_cluster", "detect_gpus", "start_local_cluster"]
+__all__ = [
+    "ClusterChoice",
+    "choose_local_cluster",
+    "detect_gpus",
+    "quiet_restarts",
+    "start_local_cluster",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -74,7 +83,25 @@ def probe_local_cluster() -> ClusterChoice:
     return choose_local_cluster(gpus, gpu_reason, cuda_ok, cuda_reason)
 
 
-class _SlotCluster(LocalCluster):
+class _KeepRestartedWorkers:
+    """Never close a nanny because its worker left the scheduler for a while.
+
+    ``SpecCluster`` closes a worker's nanny when, ``lost-worker-timeout`` (15 s) after the
+    worker left, no worker of that name is connected. A worker restarted again within
+    those 15 s (fresh processes for each new pool) can be mid-restart at that instant:
+    its nanny was closed and the cluster lost the slot for good (reproduced: about one
+    restart in five, each wait 60-120 s). On an owned local cluster every worker has a
+    live nanny that starts it again, so nothing needs that cull.
+    """
+
+    def _update_worker_status(self, op: str, msg: Any) -> None:
+        if op == "remove":
+            Cluster._update_worker_status(self, op, msg)  # type: ignore[arg-type]
+        else:
+            super()._update_worker_status(op, msg)  # type: ignore[misc]
+
+
+class _SlotCluster(_KeepRestartedWorkers, LocalCluster):
     """A LocalCluster whose workers are named ``hf-slot-<n>`` in the dashboard."""
 
     def _new_worker_name(self, worker_number: int) -> str:
@@ -94,7 +121,10 @@ def start_local_cluster(n_workers: int, **kwargs: Any) -> tuple[Any, ClusterChoi
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster
 
-            cluster = LocalCUDACluster(**options)
+            class _CUDACluster(_KeepRestartedWorkers, LocalCUDACluster):
+                pass
+
+            cluster = _CUDACluster(**options)
         else:
             options.setdefault("threads_per_worker", 1)
             options.setdefault("processes", True)
@@ -102,3 +132,24 @@ def start_local_cluster(n_workers: int, **kwargs: Any) -> tuple[Any, ClusterChoi
             if n_workers:
                 cluster.scale(n_workers)
     return cluster, choice
+
+
+class _RestartNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("Restarting worker")
+
+
+@contextlib.contextmanager
+def quiet_restarts() -> Iterator[None]:
+    """Drop the nannies' "Restarting worker" warning while we restart workers on purpose.
+
+    An owned cluster's nannies log in this process; a restart the backend asked for (a
+    fresh process for a new pool) is routine, not news for the user's terminal.
+    """
+    nanny_logger = logging.getLogger("distributed.nanny")
+    notice = _RestartNotice()
+    nanny_logger.addFilter(notice)
+    try:
+        yield
+    finally:
+        nanny_logger.removeFilter(notice)

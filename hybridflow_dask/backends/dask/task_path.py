@@ -4,9 +4,14 @@ Public Dask APIs only, which makes it the fallback should a Dask release break t
 path's internals. Each call is a task pinned to its rank's worker, keyed
 ``"{group}.{method}-<id>"``; it hands the call to the instance's actor (so order,
 thread, loop and environment are the same as on the direct path) and waits off the
-worker's thread pool. Results stay on the worker as ordinary futures. Every call is
-``fire_and_forget``-ed, and a call that will never run (its input failed or was lost)
-is skipped on the worker so later calls go ahead.
+worker's thread pool. Results stay on the worker as ordinary futures. The path holds
+every call's future until it is done, so a call runs to completion even if the driver
+drops it, and a call that will never run (its input failed or was lost) is skipped on
+the worker so later calls go ahead.
+
+Why not ``fire_and_forget``: its request travels apart from the task, and a task that
+finishes before the request reaches the scheduler stays in worker memory for good (seen
+with teardowns, which finish in a millisecond, on a busy machine).
 """
 
 from __future__ import annotations
@@ -16,7 +21,7 @@ import logging
 from collections.abc import Callable
 from typing import Any
 
-from distributed import Future, fire_and_forget
+from distributed import Future
 
 from ..base import InstanceRef, Slot
 from .dashboard import task_key
@@ -41,6 +46,7 @@ class TaskPath:
         self._share = share
         self._priority = itertools.count()
         self._closed = False
+        self._running: set[Future] = set()
 
     def create(
         self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, seq: int
@@ -88,12 +94,9 @@ class TaskPath:
         except BaseException:
             self.skip(ref, seq)  # e.g. an argument that cannot be pickled: never sent
             raise
-        fire_and_forget(future)  # a call runs to completion even if the driver drops it
         # The callback also keeps the call's inputs referenced until it is done, so data
         # handed over inside an argument (an unmaterialized future) is not released early.
-        future.add_done_callback(
-            lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s)
-        )
+        self._hold(future, lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))
         return future
 
     def destroy(self, ref: InstanceRef, seq: int) -> Future:
@@ -106,26 +109,25 @@ class TaskPath:
             slot=ref.slot,
             ref=ref,
         )
-        fire_and_forget(future)
+        self._hold(future)
         return future
 
     def skip(self, ref: InstanceRef, seq: int) -> None:
         if self._closed or self._live.is_dead(ref.slot):
             return
         try:
-            fire_and_forget(
-                self.client.submit(
-                    skip_call,
-                    ref.key,
-                    self.driver_id,
-                    seq,
-                    workers=[ref.slot.address],
-                    allow_other_workers=False,
-                    pure=False,
-                    key=task_key(f"{ref.group}.__skip__"),
-                    priority=1_000_000,
-                )
+            skipping = self.client.submit(
+                skip_call,
+                ref.key,
+                self.driver_id,
+                seq,
+                workers=[ref.slot.address],
+                allow_other_workers=False,
+                pure=False,
+                key=task_key(f"{ref.group}.__skip__"),
+                priority=1_000_000,
             )
+            self._hold(skipping)
         except Exception:  # the client is closing
             logger.debug("could not send skip for %s seq %d", ref.name, seq)
 
@@ -157,6 +159,17 @@ class TaskPath:
         if slot is not None:
             self._live.track(future, slot, ref, args)
         return future
+
+    def _hold(self, future: Future, then: Callable[[Future], None] | None = None) -> None:
+        """Keep ``future`` (so its task runs) until it is done, then run ``then``."""
+        self._running.add(future)
+
+        def done(f: Future) -> None:
+            self._running.discard(f)
+            if then is not None:
+                then(f)
+
+        future.add_done_callback(done)
 
     def _after_call(self, future: Future, ref: InstanceRef, seq: int) -> None:
         # An errored or cancelled call may never have run (its input failed): tell the
