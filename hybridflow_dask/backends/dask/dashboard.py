@@ -24,8 +24,10 @@ The scheduler needs ``hybridflow_dask`` importable to load the plugin.
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
+import os
 import time
 import uuid
 from typing import Any
@@ -205,7 +207,30 @@ def task_key(label: str) -> str:
     hyphen, which would show ``actor`` for every task of group ``actor-rollout`` in its
     dashboard instead of ``actor_rollout.generate_sequences``.
     """
-    return f"{label.replace('-', '_')}-{uuid.uuid4().hex}"
+    return f"{label.replace('-', '_')}-{_key_ids.next()}"
+
+
+class _KeyIds:
+    """32 hex digits per key: a random per-process prefix and a counter.
+
+    ``uuid4()`` per call read the OS's random source every time; this is as unique across
+    drivers (the prefix) and within one (the counter), and a forked child draws a new
+    prefix. The counter's leading zeros keep a digit in every id, so Dask's ``key_split``
+    never mistakes an all-letter id for part of the name.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._prefix = ""
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        if self._pid != os.getpid():
+            self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
+        return f"{self._prefix}{next(self._counter):012x}"
+
+
+_key_ids = _KeyIds()
 
 
 def _direct_call(msg: Any) -> dict[str, Any] | None:

@@ -37,6 +37,7 @@ from .dashboard import task_key
 from .host import InputKey, swap_inputs
 from .internals import fail_future, finish_future, future_state, pending_future, wait_future
 from .liveness import Liveness, futures_in, lost_error
+from .wire import plain_call
 
 __all__ = ["DirectPath", "ReplyFuture"]
 
@@ -137,8 +138,11 @@ class DirectPath:
     ) -> Any:
         key = task_key(label)
         args, kwargs, inputs = self._placeholders(args, kwargs)
-        packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
-        packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
+        if plain_call(args, kwargs):  # travel inside the message as they are
+            packed_args, packed_kwargs = args, kwargs
+        else:
+            packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
+            packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
         if blocking:
             future: Any = ReplyFuture(key)
         else:

@@ -46,6 +46,7 @@ from . import serialization  # noqa: F401  (workers decode DataProtos with it)
 from .actor import Actor, EnvGate, current_worker
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
+from .wire import is_plain
 
 __all__ = [
     "PLUGIN_NAME",
@@ -240,7 +241,7 @@ class InstanceHost(WorkerPlugin):
             self._log_call(actor, key, method, start, "OK", nbytes)
             return {"status": "OK", "nbytes": nbytes}
         self._log_call(actor, key, method, start, "OK", 0)
-        return {"status": "OK", "result": to_serialize(result)}
+        return {"status": "OK", "result": result if is_plain(result) else to_serialize(result)}
 
     async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
         actor = self.actors.get(instance)

@@ -1,0 +1,78 @@
+"""Arguments and results come back exactly as sent, whichever way they travel.
+
+Plain values (None, bool, float, 64-bit int, short UTF-8 str) ride inside the direct
+path's messages; everything else goes through Dask's serializers. The boundary must not
+show: a tuple stays a tuple, an IntEnum stays an IntEnum, a huge int or a lone surrogate
+still arrives.
+"""
+
+from __future__ import annotations
+
+import enum
+
+import pytest
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends.dask.wire import is_plain, plain_call
+
+
+class Level(enum.IntEnum):
+    HIGH = 2
+
+
+class Echo(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def echo(self, *args, **kwargs):
+        return [(type(a).__name__, a) for a in args], {
+            k: (type(v).__name__, v) for k, v in kwargs.items()
+        }
+
+    @hf.register(hf.Dispatch.RANK_ZERO)
+    def give(self, value):
+        return value
+
+
+VALUES = [
+    None,
+    True,
+    0,
+    -(2**63),
+    2**64 - 1,
+    2**64,  # too big for msgpack: must take the other way
+    -(2**63) - 1,
+    1.5,
+    "",
+    "path/to/checkpoint",
+    "x" * 70_000,  # longer than the plain limit
+    "caf\u00e9 \u2603",
+    "\ud800",  # a lone surrogate: not UTF-8
+    b"raw",
+    (1, 2),
+    [1, (2, 3)],
+    {"a": (1,)},
+    Level.HIGH,
+]
+
+
+@pytest.fixture(scope="module")
+def echo(hf_dask_backend):
+    group = hf.WorkerGroup(hf.ResourcePool([2]), Echo, backend=hf_dask_backend)
+    yield group
+    group.shutdown()
+
+
+@pytest.mark.parametrize("value", VALUES, ids=lambda v: f"{type(v).__name__}:{str(v)[:12]!r}")
+def test_an_argument_and_a_result_arrive_with_their_type_and_value(echo, value):
+    for args, kwargs in echo.echo(value, named=value):
+        assert args == [(type(value).__name__, value)]
+        assert kwargs == {"named": (type(value).__name__, value)}
+    back = echo.give(value)
+    assert type(back) is type(value) and back == value
+
+
+def test_only_values_msgpack_returns_unchanged_count_as_plain():
+    assert all(is_plain(v) for v in (None, True, 3, 1.5, "s", 2**64 - 1, -(2**63)))
+    assert not any(is_plain(v) for v in (2**64, (1,), [1], b"x", Level.HIGH, "\ud800"))
+    assert plain_call((1, "a"), {"step": 3})
+    assert not plain_call(([1],), {})
+    assert not plain_call((), {"step": (3,)})
