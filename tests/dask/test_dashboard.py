@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import time
 import urllib.request
 
 import pytest
@@ -49,6 +50,17 @@ def groups_json(backend) -> dict[str, dict]:
     return {g["name"]: g for g in json.loads(body)["groups"]}
 
 
+def groups_once_counted(backend, counted) -> dict[str, dict]:
+    """The page's groups once ``counted(groups)`` holds: workers report direct calls in
+    batches every 50 ms, so the counts trail the calls by that much."""
+    deadline = time.monotonic() + 10
+    while True:
+        groups = groups_json(backend)
+        if counted(groups) or time.monotonic() > deadline:
+            return groups
+        time.sleep(0.05)
+
+
 def test_page_lists_groups_ranks_and_exact_call_counts(hf_dask_backend, hf_worker_group):
     pingers = hf_worker_group(Pinger, [2], backend=hf_dask_backend)
     echoes = hf_worker_group(Echo, [2], backend=hf_dask_backend)
@@ -58,7 +70,16 @@ def test_page_lists_groups_ranks_and_exact_call_counts(hf_dask_backend, hf_worke
     with pytest.raises(ValueError, match="boom"):
         pingers.boom()
 
-    groups = groups_json(hf_dask_backend)
+    def counted(groups: dict) -> bool:
+        calls = {
+            name: sum(m["calls"] for m in groups[name]["methods"].values())
+            for name in (pingers.name_prefix, echoes.name_prefix)
+            if name in groups
+        }
+        # __init__ x2, ping x6, boom x2; __init__ x2, echo x2
+        return calls == {pingers.name_prefix: 10, echoes.name_prefix: 4}
+
+    groups = groups_once_counted(hf_dask_backend, counted)
     for group, cls in ((pingers, "Pinger"), (echoes, "Echo")):
         seen = groups[group.name_prefix]
         assert seen["class"] == cls
@@ -98,7 +119,10 @@ def test_page_works_on_a_cluster_attached_by_address(hf_dask_backend, hf_worker_
         group = hf_worker_group(Echo, [2], backend=attached)
         group.echo("a")
         group.echo("b")
-        seen = groups_json(attached)[group.name_prefix]
+        seen = groups_once_counted(
+            attached,
+            lambda g: g[group.name_prefix]["methods"].get("echo", {}).get("calls") == 4,
+        )[group.name_prefix]
         assert seen["methods"]["echo"]["calls"] == 4
         assert [r["address"] for r in seen["ranks"]] == [s.address for s in group._rank_slots()]
         assert group.name_prefix in fetch(attached.groups_page)[1]

@@ -30,9 +30,9 @@ WAIT_S = 15
 
 
 def emit(events: list[dict[str, Any]], dask_worker: Any) -> int:
-    """Runs on a worker: log each event as the direct call path does when a call ends."""
-    for event in events:
-        dask_worker.log_event(CALL_TOPIC, {**event, "worker": dask_worker.address})
+    """Runs on a worker: log the calls in one event, as the direct call path does."""
+    calls = [{**event, "worker": dask_worker.address} for event in events]
+    dask_worker.log_event(CALL_TOPIC, {"calls": calls})
     return len(events)
 
 

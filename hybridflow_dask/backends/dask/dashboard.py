@@ -118,10 +118,18 @@ class GroupMonitor(SchedulerPlugin):
     def log_event(self, topic: str, msg: Any) -> None:
         if topic != CALL_TOPIC or self.scheduler is None:
             return
-        call = _direct_call(msg)
-        if call is None:
+        calls = msg.get("calls") if isinstance(msg, dict) else None
+        if not isinstance(calls, (list, tuple)):
             logger.debug("ignoring a malformed %s event: %r", CALL_TOPIC, msg)
             return
+        for entry in calls:
+            call = _direct_call(entry)
+            if call is None:
+                logger.debug("ignoring a malformed call in a %s event: %r", CALL_TOPIC, entry)
+                continue
+            self._record(call)
+
+    def _record(self, call: dict[str, Any]) -> None:
         if not self._published(call["group"]):
             return  # a group already shut down (or never published): like a task's call
         name = call["method"]
