@@ -81,7 +81,7 @@ class _Message:
         self.op, self.slot, self.ref, self.seq = op, slot, ref, seq
         self.address = slot.address
         self.msg, self.inputs, self.future = msg, inputs, future
-        #: Futures the worker will ask the scheduler about itself: they must exist there.
+        #: Futures the worker will ask the scheduler about itself: they must be done first.
         self.known: list[Future] = []
 
 
@@ -238,8 +238,13 @@ class DirectPath:
         try:
             for dep in message.inputs:
                 await self._wait_input(dep, message)
+            # Futures inside a DataProtoFuture the rank resolves itself: its worker asks the
+            # scheduler for them by key, and a key the scheduler has not registered yet (a
+            # re-split task submitted a moment ago) is ignored there, so the rank would
+            # wait for good. Once they are done the scheduler surely has them.
             for dep in message.known:
                 await self.until_known(dep)
+                await self._wait_input(dep, message)
             reply = await self._rpc(message)
         except BaseException as exc:
             if message.seq is not None:

@@ -55,9 +55,12 @@ class Liveness:
         needs = {slot.worker_id}
         for dep in futures_in(args):
             needs |= self._tasks.get(dep.key, _NOTHING)[2]
-        self._tasks[future.key] = (slot, ref, frozenset(needs))
-        self._refs[future.key] = weakref.ref(future)
-        weakref.finalize(future, self._forget, future.key)
+        key = future.key
+        self._tasks[key] = (slot, ref, frozenset(needs))
+        # A weak reference with a callback, not weakref.finalize: finalize keeps a global
+        # registry and costs several times more, on every call. The callback fires only
+        # while this reference is stored, so a newer Future of the same key replaces it.
+        self._refs[key] = weakref.ref(future, lambda _, key=key: self._forget(key))
 
     def _forget(self, key: str) -> None:
         self._tasks.pop(key, None)
