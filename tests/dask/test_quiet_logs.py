@@ -146,3 +146,35 @@ def test_a_program_that_ends_without_shutdown_exits_silently(tmp_path):
     assert done.stdout.strip() == "[7, 7]"
     for noise in ("left the cluster", "lose already computed", "still alive", "Traceback"):
         assert noise not in done.stderr, done.stderr
+
+
+class _StandInWorker:
+    """Only a worker's ``status`` matters to the filter's decision."""
+
+    def __init__(self, status):
+        self.status = status
+
+
+@pytest.mark.parametrize(
+    ("status", "shown"),
+    [("running", True), ("closing", False), ("closed", False), ("closing_gracefully", False)],
+)
+def test_a_heartbeat_error_shows_unless_the_worker_is_closing_stand_in_worker(status, shown):
+    from distributed.core import Status
+
+    from hybridflow_dask.backends.dask.host import _ClosingHeartbeatFilter
+
+    worker = _StandInWorker(Status[status])
+    heartbeat = logging.LogRecord(
+        "distributed.worker",
+        logging.ERROR,
+        __file__,
+        1,
+        "Failed to communicate with scheduler during heartbeat.",
+        None,
+        None,
+    )
+    other = logging.LogRecord("distributed.worker", logging.ERROR, __file__, 1, "x", None, None)
+    noise_filter = _ClosingHeartbeatFilter(worker)
+    assert noise_filter.filter(heartbeat) is shown
+    assert noise_filter.filter(other) is True

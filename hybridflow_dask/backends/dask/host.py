@@ -30,6 +30,7 @@ import pickle
 import sys
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -126,7 +127,7 @@ class InstanceHost(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        _quiet_user_errors()
+        _quiet_user_errors(worker)
         self.actors: dict[str, Actor] = {}
         self.gate = EnvGate()
         self._lock = threading.Lock()
@@ -425,10 +426,34 @@ class _UserErrorFilter(logging.Filter):
         return not any(name in task for name in self.TASKS)
 
 
-def _quiet_user_errors() -> None:
+CLOSING = frozenset({Status.closing, Status.closing_gracefully, Status.closed, Status.failed})
+
+
+class _ClosingHeartbeatFilter(logging.Filter):
+    """Drops the heartbeat error of a worker that is itself closing.
+
+    When a cluster shuts down, a worker's heartbeat can be in flight as the scheduler
+    goes: Dask logs a traceback for it although nothing is wrong. A heartbeat failing
+    while the worker is running still shows.
+    """
+
+    def __init__(self, worker: Any) -> None:
+        super().__init__()
+        self._worker = weakref.ref(worker)
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not str(record.msg).startswith("Failed to communicate with scheduler"):
+            return True
+        worker = self._worker()
+        return worker is not None and worker.status not in CLOSING
+
+
+def _quiet_user_errors(worker: Any) -> None:
     worker_logger = logging.getLogger("distributed.worker")
     if not any(isinstance(f, _UserErrorFilter) for f in worker_logger.filters):
         worker_logger.addFilter(_UserErrorFilter())
+    if not any(isinstance(f, _ClosingHeartbeatFilter) for f in worker_logger.filters):
+        worker_logger.addFilter(_ClosingHeartbeatFilter(worker))
 
 
 def _exit_now() -> None:
