@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import copy
 import logging
@@ -21,6 +22,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from concurrent.futures import FIRST_EXCEPTION
 from typing import Any
 
 from dask.sizeof import sizeof
@@ -589,12 +591,9 @@ def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
         # from the futures afterwards either way.
         with contextlib.suppress(Exception), client.as_current():
             wait(remote, timeout=timeout)
-    for f in replies:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            break
-        with contextlib.suppress(Exception):
-            f.exception(timeout=left)
+    left = deadline - time.monotonic()
+    if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
+        concurrent.futures.wait(replies, timeout=left, return_when=FIRST_EXCEPTION)
 
 
 def _for_worker(values: Any) -> Any:
