@@ -37,14 +37,13 @@ class EnvSwitch:
         self._applied: set[str] = set()
 
     @contextlib.contextmanager
-    def use(self, env: dict[str, str], *, keep: bool) -> Iterator[None]:
-        """``env`` while the block runs; left in place afterwards if ``keep``."""
+    def use(self, env: dict[str, str]) -> Iterator[None]:
+        """``env`` while the block runs, the process's own variables again afterwards."""
         self.switch(env)
         try:
             yield
         finally:
-            if not keep:
-                self.switch({})
+            self.switch({})
 
     def switch(self, env: dict[str, str]) -> None:
         """Make ``env`` the extra variables in place, taking back the previous ones."""
@@ -121,7 +120,7 @@ class InstanceTable:
             ) from None
 
     def create(self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> None:
-        with self._env.use(env, keep=False):
+        with self._env.use(env):
             try:
                 obj = cls(*args, **kwargs)
             except BaseException as exc:
@@ -132,7 +131,7 @@ class InstanceTable:
 
     def invoke(self, ref: InstanceRef, method: str, args: tuple, kwargs: dict) -> Any:
         obj = self.get(ref.key)
-        with self._env.use(self._envs[ref.key], keep=False):
+        with self._env.use(self._envs[ref.key]):
             try:
                 result = getattr(obj, method)(*args, **kwargs)
                 if inspect.isawaitable(result):

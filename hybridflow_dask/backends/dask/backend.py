@@ -22,7 +22,6 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from concurrent.futures import FIRST_EXCEPTION
 from typing import Any
 
 from dask.sizeof import sizeof
@@ -257,23 +256,23 @@ class DaskBackend:
             restart = [a for a in restart if a not in busy]
         if not restart:
             return
-        with quiet_restarts():
+        with quiet_restarts():  # returns once the new processes have registered
             outcome = self.client.restart_workers(
                 restart, timeout=RESTART_WAIT_S, raise_for_error=False
             )
+        with self._lock:
+            self._dirty.difference_update(restart)
+        reused = [a for a, status in outcome.items() if status != "OK"]
+        if reused:
+            logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
+        gone = set(restart) - set(reused)
+        deadline = time.monotonic() + RESTART_WAIT_S
+        while time.monotonic() < deadline:  # until the scheduler lists the new processes
             with self._lock:
-                self._dirty.difference_update(restart)
-            reused = [a for a, status in outcome.items() if status != "OK"]
-            if reused:
-                logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
-            gone = set(restart) - set(reused)
-            deadline = time.monotonic() + RESTART_WAIT_S
-            while time.monotonic() < deadline:  # until the scheduler lists the new processes
-                with self._lock:
-                    addresses = {w.address for w in self._free_workers()}
-                if not addresses & gone and len(addresses) >= len(free):
-                    return
-                time.sleep(0.05)
+                addresses = {w.address for w in self._free_workers()}
+            if not addresses & gone and len(addresses) >= len(free):
+                return
+            time.sleep(0.05)
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
@@ -390,7 +389,6 @@ class DaskBackend:
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         if self._closed:
             return
-        self._destroying = [f for f in self._destroying if not f.done()]
         for ref in refs:
             if self._live.is_dead(ref.slot):
                 continue
@@ -593,7 +591,9 @@ def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
             wait(remote, timeout=timeout)
     left = deadline - time.monotonic()
     if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
-        concurrent.futures.wait(replies, timeout=left, return_when=FIRST_EXCEPTION)
+        concurrent.futures.wait(
+            replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
 
 
 def _for_worker(values: Any) -> Any:

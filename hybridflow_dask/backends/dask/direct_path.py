@@ -236,14 +236,12 @@ class DirectPath:
 
     async def _send(self, message: _Message) -> None:
         try:
-            for dep in message.inputs:
-                await self._wait_input(dep, message)
-            # Futures inside a DataProtoFuture the rank resolves itself: its worker asks the
-            # scheduler for them by key, and a key the scheduler has not registered yet (a
-            # re-split task submitted a moment ago) is ignored there, so the rank would
-            # wait for good. Once they are done the scheduler surely has them.
-            for dep in message.known:
-                await self.until_known(dep)
+            # ``known``: futures inside a DataProtoFuture the rank resolves itself. Its worker
+            # asks the scheduler for them by key, and a key the scheduler has not registered
+            # yet (a re-split task submitted a moment ago) is ignored there, so the rank
+            # would wait for good. Once done, every input is known to the scheduler (a direct
+            # result is finished only after its worker registered it).
+            for dep in (*message.inputs, *message.known):
                 await self._wait_input(dep, message)
             reply = await self._rpc(message)
         except BaseException as exc:

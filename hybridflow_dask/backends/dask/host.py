@@ -127,7 +127,7 @@ class InstanceHost(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
-        _quiet_user_errors(worker)
+        _quiet_worker_logs(worker)
         self.actors: dict[str, Actor] = {}
         self.gate = EnvGate()
         self._lock = threading.Lock()
@@ -426,7 +426,7 @@ class _UserErrorFilter(logging.Filter):
         return not any(name in task for name in self.TASKS)
 
 
-CLOSING = frozenset({Status.closing, Status.closing_gracefully, Status.closed, Status.failed})
+_CLOSING = frozenset({Status.closing, Status.closing_gracefully, Status.closed, Status.failed})
 
 
 class _ClosingHeartbeatFilter(logging.Filter):
@@ -445,10 +445,10 @@ class _ClosingHeartbeatFilter(logging.Filter):
         if not str(record.msg).startswith("Failed to communicate with scheduler"):
             return True
         worker = self._worker()
-        return worker is not None and worker.status not in CLOSING
+        return worker is not None and worker.status not in _CLOSING
 
 
-def _quiet_user_errors(worker: Any) -> None:
+def _quiet_worker_logs(worker: Any) -> None:
     worker_logger = logging.getLogger("distributed.worker")
     if not any(isinstance(f, _UserErrorFilter) for f in worker_logger.filters):
         worker_logger.addFilter(_UserErrorFilter())
