@@ -38,6 +38,7 @@ from .config import (
     max_local_workers,
     scatter_threshold,
     share_colocated_inputs,
+    socket_lane,
 )
 from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
@@ -115,7 +116,7 @@ class DaskBackend:
         share = share_colocated_inputs()
         self._tasks = TaskPath(self.client, self.driver_id, self._live, share=share)
         self._direct = (
-            DirectPath(self.client, self.driver_id, self._live, share=share)
+            DirectPath(self.client, self.driver_id, self._live, share=share, lanes=socket_lane())
             if call_path() == "direct"
             else None
         )

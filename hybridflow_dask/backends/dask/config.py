@@ -16,6 +16,7 @@ __all__ = [
     "max_local_workers",
     "scatter_threshold",
     "share_colocated_inputs",
+    "socket_lane",
 ]
 
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
@@ -44,6 +45,11 @@ def call_path() -> str:
             "dask.config.set({'hybridflow.call-path': 'direct'})"
         )
     return value
+
+
+def socket_lane() -> bool:
+    """Whether blocking direct calls may use the workers' socket lanes."""
+    return bool(dask.config.get("hybridflow.socket-lane"))
 
 
 def fresh_processes() -> bool:

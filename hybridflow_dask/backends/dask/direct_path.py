@@ -6,6 +6,8 @@ Dask's batching intervals on the way. What the driver holds afterwards is still 
 ordinary Dask future:
 
 - a **blocking** call's result comes back in the reply (the caller gathers it at once);
+  one without future inputs goes on the worker's socket lane (``socket_lane``): written
+  by the calling thread, answered from the instance's thread, no event loop involved;
 - a **non-blocking** call's result stays in the worker's memory and is registered with
   the scheduler under the call's key, so the driver's ``distributed.Future`` can be
   gathered, passed to any later call (on either path) or released like any other.
@@ -24,6 +26,7 @@ import contextlib
 import itertools
 import logging
 import threading
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,7 +40,8 @@ from .dashboard import task_key
 from .host import InputKey, swap_inputs
 from .internals import fail_future, finish_future, future_state, pending_future, wait_future
 from .liveness import Liveness, futures_in, lost_error
-from .wire import plain_call
+from .socket_lane import Lane, lane_host
+from .wire import plain_call, unpack
 
 __all__ = ["DirectPath", "ReplyFuture"]
 
@@ -47,6 +51,8 @@ logger = logging.getLogger(__name__)
 INPUT_POLL_S = 0.1
 #: How long a broken stream waits for the scheduler to confirm its worker died.
 DEATH_WAIT_S = 2.0
+#: How long the driver waits for a worker to say where its socket lane listens.
+LANE_ASK_TIMEOUT_S = 10.0
 
 
 class ReplyFuture(concurrent.futures.Future):
@@ -61,6 +67,9 @@ class ReplyFuture(concurrent.futures.Future):
         if not self.done():
             return "pending"
         return "error" if self.exception() is not None else "finished"
+
+
+_UNASKED: Any = object()
 
 
 class _Message:
@@ -90,11 +99,17 @@ class DirectPath:
 
     name = "direct"
 
-    def __init__(self, client: Any, driver_id: str, live: Liveness, *, share: bool) -> None:
+    def __init__(
+        self, client: Any, driver_id: str, live: Liveness, *, share: bool, lanes: bool = True
+    ) -> None:
         self.client = client
         self.driver_id = driver_id
         self._live = live
         self._share = share
+        #: Each worker process's socket lane (by address and worker id), or ``None``: it has none.
+        self._lanes: dict[tuple[str, str], Lane | None] | None = {} if lanes else None
+        self._lanes_lock = threading.Lock()
+        self._closed = False
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
         self._outbox: list[_Message] = []
@@ -162,6 +177,14 @@ class DirectPath:
         }
         message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, future)
         message.known = _nested_futures(args) + _nested_futures(kwargs)
+        if blocking and not inputs and not message.known:
+            lane = self._lane(ref.slot)
+            if lane is not None:
+                try:
+                    lane.request(msg, message)
+                    return future
+                except ConnectionError:  # broke just now: the Dask comm reports what happened
+                    pass
         self._post(message)
         return future
 
@@ -182,6 +205,12 @@ class DirectPath:
 
     def close(self, timeout: float = 2.0) -> None:
         """Close the streams and end the messages still in flight (from the caller's thread)."""
+        self._closed = True
+        with self._lanes_lock:
+            lanes, self._lanes = list((self._lanes or {}).values()), None
+        for lane in lanes:
+            if lane is not None:
+                lane.close()
         with contextlib.suppress(Exception):  # the loop may already be closed
             asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout)
 
@@ -216,6 +245,67 @@ class DirectPath:
             event = self._unknown.get(future.key)
         if event is not None:
             await event.wait()
+
+    # -- the socket lane (the caller's thread, then the lane's reader thread) -----------------
+
+    def _lane(self, slot: Slot) -> Lane | None:
+        """The lane to ``slot``'s worker process, opened on first use; ``None`` when it
+        offers none (or is dead: the Dask comm then reports the loss)."""
+        lanes = self._lanes
+        if lanes is None or self._live.is_dead(slot):
+            return None
+        lane = lanes.get((slot.address, slot.worker_id), _UNASKED)
+        if lane is None or (lane is not _UNASKED and not lane.broken):
+            return lane
+        with self._lanes_lock:
+            lane = lanes.get((slot.address, slot.worker_id), _UNASKED)
+            if lane is _UNASKED or (lane is not None and lane.broken):
+                lane = lanes[slot.address, slot.worker_id] = self._open_lane(slot)
+        return lane
+
+    def _open_lane(self, slot: Slot) -> Lane | None:
+        future = ReplyFuture("lane")
+        self._post(_Message("hf_lane", slot, None, None, {}, [], future))
+        try:
+            offer = future.result(LANE_ASK_TIMEOUT_S)
+            if offer is None:
+                return None
+            port, token = offer
+            host = lane_host(slot.address)
+            return Lane(host, port, token, self._lane_reply, self._lane_broken)
+        except Exception as exc:  # no lane, for this process: its calls use the Dask comm
+            logger.debug("no socket lane to %s: %r", slot.address, exc)
+            return None
+
+    def _lane_reply(self, message: _Message, reply: dict) -> None:
+        future = message.future
+        if future.done():
+            return
+        if reply.get("status") != "OK":
+            future.set_exception(reply.get("exception") or RuntimeError(str(reply)))
+            return
+        try:
+            future.set_result(unpack(reply.get("result")))
+        except Exception as exc:
+            future.set_exception(
+                TypeError(f"the result of {message.msg['method']} cannot be read here: {exc!r}")
+            )
+
+    def _lane_broken(self, pending: list[_Message]) -> None:
+        """The lane ended with calls unanswered: its worker died (or this path closed)."""
+        if not pending:
+            return
+        slot = pending[0].slot
+        deadline = time.monotonic() + DEATH_WAIT_S
+        while not self._closed and not self._live.is_dead(slot) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        for message in pending:
+            if message.future.done():
+                continue
+            if self._closed:
+                message.future.set_exception(CommClosedError("the backend was shut down"))
+            else:
+                message.future.set_exception(lost_error(slot, message.ref))
 
     # -- the client's event loop -------------------------------------------------------------
 

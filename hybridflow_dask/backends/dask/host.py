@@ -8,7 +8,9 @@ and takes calls two ways, both into the same per-instance order:
   to the worker (``hf_call`` and friends). The handler runs on the worker's event loop
   only long enough to fetch inputs and hand the call to the actor; a blocking call's
   result goes back in the reply, a non-blocking one stays in this worker's memory,
-  registered with the scheduler as an ordinary Dask key;
+  registered with the scheduler as an ordinary Dask key. Blocking calls without future
+  inputs skip the event loop altogether: they arrive on the plugin's socket lane
+  (``socket_lane``) and their replies leave from the actor's thread;
 - **task** (``hybridflow.call-path: task``): the call is a Dask task pinned to this worker
   (``run_call``) that hands the call to the actor and waits off the worker's thread pool.
 
@@ -40,6 +42,7 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
+from distributed.protocol.serialize import Serialized, serialize
 
 from ..base import InstanceRef
 from ..hosting import annotate_error, explain_init_error, find_free_port
@@ -47,7 +50,8 @@ from . import serialization  # noqa: F401  (workers decode DataProtos with it)
 from .actor import Actor, EnvGate, current_worker
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
-from .wire import is_plain
+from .socket_lane import LaneServer, lane_host
+from .wire import is_plain, unpack
 
 __all__ = [
     "PLUGIN_NAME",
@@ -139,15 +143,21 @@ class InstanceHost(WorkerPlugin):
                 "hf_destroy": self.handle_destroy,
                 "hf_skip": self.handle_skip,
                 "hf_port": self.handle_port,
+                "hf_lane": self.handle_lane,
                 "hf_stream": self.handle_stream,
             },
         )
         self._registrar = Registrar(worker)
         self._calls: list[dict] = []
+        self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
+        self._lane: LaneServer | None = None
 
     def teardown(self, worker: Any) -> None:
         with self._lock:
             actors, self.actors = list(self.actors.values()), {}
+            lane, self._lane = self._lane, None
+        if lane is not None:
+            lane.close()
         for actor in actors:
             actor.stop()
         # The worker has closed; what is left is interpreter teardown, which takes a second
@@ -308,7 +318,57 @@ class InstanceHost(WorkerPlugin):
             "hf_destroy": self.handle_destroy,
             "hf_skip": _as_coroutine(self.handle_skip),
             "hf_port": _as_coroutine(self.handle_port),
+            "hf_lane": _as_coroutine(self.handle_lane),
         }
+
+    def handle_lane(self) -> dict:
+        """Where this worker's socket lane listens (started on first use), and its token;
+        ``None`` when the worker's comm is not plain TCP (TLS, UCX, in-process)."""
+        host = lane_host(self.worker.address)
+        if host is None:
+            return {"status": "OK", "result": None}
+        with self._lock:
+            if self._lane is None:
+                self._lane = LaneServer(host, self.lane_call)
+            lane = self._lane
+        return {"status": "OK", "result": (lane.port, lane.token)}
+
+    # -- the socket lane (its connection's thread, then the actor's) ------------------------
+
+    def lane_call(self, msg: dict, reply: Callable[[dict], None]) -> None:
+        """A blocking call from the lane: handed to the actor; answered from its thread."""
+        ident, driver, seq, method = msg["id"], msg["driver"], msg["seq"], msg["method"]
+        try:
+            actor = self.actor(msg["instance"])
+        except LookupError as exc:
+            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+            return
+        start = time.time()
+        try:
+            args, kwargs = unpack(msg["args"]), unpack(msg["kwargs"])
+        except BaseException as exc:
+            actor.skip(driver, seq)
+            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+            return
+
+        def answer(done: Any) -> None:
+            error = done.exception()
+            if error is None:
+                try:
+                    result = done.result()
+                    payload = result if is_plain(result) else Serialized(*_serialize(result))
+                except Exception as exc:
+                    error = TypeError(
+                        f"the result of {actor.ref.group}.{method} (rank {actor.ref.rank}) "
+                        f"cannot be sent back to the driver: {exc!r}; return picklable values"
+                    )
+            self._log_call(actor, msg["key"], method, start, "error" if error else "OK", 0)
+            if error is not None:
+                reply({"id": ident, "status": "error", "exception": _sendable(error)})
+            else:
+                reply({"id": ident, "status": "OK", "result": payload})
+
+        actor.submit(driver, seq, _Invoke(method, args, kwargs)).add_done_callback(answer)
 
     def handle_port(self) -> dict:
         return {"status": "OK", "result": find_free_port()}
@@ -337,29 +397,34 @@ class InstanceHost(WorkerPlugin):
     def _log_call(
         self, actor: Actor, key: str, method: str, start: float, status: str, nbytes: int
     ) -> None:
-        """Record a finished direct call for the dashboard; sent in batches (event loop)."""
+        """Record a finished direct call for the dashboard; sent in batches (any thread)."""
         ref = actor.ref
-        self._calls.append(
-            {
-                "key": key,
-                "group": ref.group,
-                "method": method,
-                "rank": ref.rank,
-                "worker": self.worker.address,
-                "start": start,
-                "stop": time.time(),
-                "status": status,
-                "nbytes": nbytes,
-            }
-        )
-        if len(self._calls) == 1:
-            asyncio.get_running_loop().call_later(CALL_LOG_INTERVAL_S, self._send_calls)
+        record = {
+            "key": key,
+            "group": ref.group,
+            "method": method,
+            "rank": ref.rank,
+            "worker": self.worker.address,
+            "start": start,
+            "stop": time.time(),
+            "status": status,
+            "nbytes": nbytes,
+        }
+        with self._lock:
+            self._calls.append(record)
+            first = len(self._calls) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
+                self._loop.call_soon_threadsafe(
+                    self._loop.call_later, CALL_LOG_INTERVAL_S, self._send_calls
+                )
 
     def _send_calls(self) -> None:
         """One ``hybridflow-call`` event for the calls of the last interval, not one per call:
         each event costs the worker and the scheduler about as much as a no-op call's own
         handling, and a burst of calls would double it."""
-        calls, self._calls = self._calls, []
+        with self._lock:
+            calls, self._calls = self._calls, []
         if calls:
             self.worker.log_event(CALL_TOPIC, {"calls": calls})
 
@@ -474,12 +539,21 @@ async def _wrap(future: Any) -> Any:
 
 
 def _error_reply(exc: BaseException) -> dict:
+    return {"status": "error", "exception": to_serialize(_sendable(exc))}
+
+
+def _sendable(exc: BaseException) -> BaseException:
+    """``exc``, or its text in a ``RuntimeError`` when it cannot be pickled."""
     try:
         pickle.dumps(exc)
-    except Exception:  # an exception that cannot travel: send its text instead
+    except Exception:
         text = getattr(exc, "remote_traceback", "") or repr(exc)
-        exc = RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
-    return {"status": "error", "exception": to_serialize(exc)}
+        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
+    return exc
+
+
+def _serialize(value: Any) -> tuple[dict, list]:
+    return serialize(value, serializers=("dask", "pickle"), on_error="raise")
 
 
 def _host() -> InstanceHost:

@@ -1,4 +1,5 @@
-"""Which values travel inside a direct-path message as they are.
+"""How direct-path messages are written: which values travel as they are, and the frames
+of the socket the calling thread writes to.
 
 Dask's serializers (type dispatch, the pickle family's checks, sub-frames) cost tens of
 microseconds per value, even for an empty tuple; msgpack writes a number or a short
@@ -10,9 +11,13 @@ would come back as a list and an ``IntEnum`` as an ``int``, so those go through 
 
 from __future__ import annotations
 
-from typing import Any
+import pickle
+import struct
+from typing import Any, BinaryIO
 
-__all__ = ["is_plain", "plain_call"]
+from distributed.protocol.serialize import Serialized, deserialize
+
+__all__ = ["Framed", "is_plain", "plain_call", "read_message", "unpack", "write_message"]
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack can write
 _STR_MAX = 1 << 16
@@ -46,3 +51,81 @@ def _encodes(text: str) -> bool:
     except UnicodeEncodeError:  # lone surrogates: msgpack would fail on the event loop
         return False
     return True
+
+
+# -- socket messages ---------------------------------------------------------------------------
+#
+# A message is a dict. Its ``Serialized`` values (Dask's header and frames) travel after it
+# as raw frames, each written straight from the tensor's memory and read into one buffer
+# of its exact size; everything else is in one pickle. On the wire:
+# [meta length, frame count] [frame lengths] [pickled dict] [frame] [frame] ...
+
+_HEAD = struct.Struct("!QI")
+#: Messages up to this size are joined into one write (one system call, one TCP segment).
+_JOIN_MAX = 1 << 16
+
+
+class Framed:
+    """Stands in a socket message for a value sent as Dask frames after it."""
+
+    __slots__ = ("count", "frames", "header")
+
+    def __init__(self, header: dict, count: int) -> None:
+        self.header, self.count = header, count
+        self.frames: list[Any] = []
+
+    def __reduce__(self) -> Any:
+        return (Framed, (self.header, self.count))
+
+
+def write_message(write: Any, msg: dict) -> None:
+    """Write ``msg`` with ``write`` (a socket's ``sendall``)."""
+    frames: list[Any] = []
+    meta = {}
+    for name, value in msg.items():
+        if isinstance(value, Serialized):
+            meta[name] = Framed(value.header, len(value.frames))
+            frames += value.frames
+        else:
+            meta[name] = value
+    body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+    sizes = [memoryview(f).nbytes for f in frames]
+    head = _HEAD.pack(len(body), len(sizes)) + struct.pack(f"!{len(sizes)}Q", *sizes)
+    if len(body) + sum(sizes) <= _JOIN_MAX:
+        write(b"".join([head, body, *frames]))
+        return
+    write(head + body)
+    for frame in frames:
+        write(frame)
+
+
+def read_message(stream: BinaryIO) -> dict:
+    """The next message from a buffered reader; its ``Framed`` values still packed.
+
+    Raises ``EOFError`` when the stream ends, also mid-message.
+    """
+    body_size, count = _HEAD.unpack(_read(stream, _HEAD.size))
+    sizes = struct.unpack(f"!{count}Q", _read(stream, 8 * count)) if count else ()
+    msg = pickle.loads(_read(stream, body_size))
+    frames = iter([_read(stream, size) for size in sizes])
+    for value in msg.values():
+        if isinstance(value, Framed):
+            value.frames = [next(frames) for _ in range(value.count)]
+    return msg
+
+
+def unpack(value: Any) -> Any:
+    """A message's value as sent: ``Framed`` ones deserialized."""
+    return deserialize(value.header, value.frames) if isinstance(value, Framed) else value
+
+
+def _read(stream: BinaryIO, size: int) -> bytearray:
+    buffer = bytearray(size)
+    view = memoryview(buffer)
+    done = 0
+    while done < size:
+        got = stream.readinto(view[done:])
+        if not got:
+            raise EOFError("the stream ended")
+        done += got
+    return buffer
