@@ -61,6 +61,8 @@ REPLACE_WAIT_S = 60
 RESTART_WAIT_S = 60
 #: How long ``shutdown`` waits for groups' instances to be dropped.
 SHUTDOWN_WAIT_S = 5
+#: Marks a result that ``gather`` must fetch from its worker.
+_FETCH: Any = object()
 
 
 class DaskBackend:
@@ -370,16 +372,22 @@ class DaskBackend:
                 lost = self._live.lost(f)  # cancelled because its input died with a worker
                 if lost is not None:
                     raise lost
-        remote = [f for f in futures if isinstance(f, Future)]
+        values = [self._at_hand(f) for f in futures]
+        remote = [f for f, v in zip(futures, values) if v is _FETCH]
         fetched = iter(self.client.gather(remote, direct=True) if remote else [])
-        values = [
-            next(fetched) if isinstance(f, Future) else f.result() if _is_reply(f) else f
-            for f in futures
-        ]
+        values = [next(fetched) if v is _FETCH else v for v in values]
         self.driver_bytes["gathered"] += sum(
             sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
         )
         return values
+
+    def _at_hand(self, f: Any) -> Any:
+        """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
+        if isinstance(f, ReplyFuture):
+            return f.result()
+        if isinstance(f, Future):
+            return self._direct.plain_result(f, _FETCH) if self._direct else _FETCH
+        return f
 
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, (Future, ReplyFuture))
@@ -564,10 +572,6 @@ def _shared_positions(args: tuple, kwargs: dict) -> tuple:
     positions: list[Any] = [i for i, a in enumerate(args) if isinstance(a, Future)]
     positions += [k for k, v in kwargs.items() if isinstance(v, Future)]
     return tuple(positions)
-
-
-def _is_reply(obj: Any) -> bool:
-    return isinstance(obj, ReplyFuture)
 
 
 def _is_pending_kind(obj: Any) -> bool:

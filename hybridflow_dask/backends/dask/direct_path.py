@@ -10,7 +10,9 @@ ordinary Dask future:
   by the calling thread, answered from the instance's thread, no event loop involved;
 - a **non-blocking** call's result stays in the worker's memory and is registered with
   the scheduler under the call's key, so the driver's ``distributed.Future`` can be
-  gathered, passed to any later call (on either path) or released like any other.
+  gathered, passed to any later call (on either path) or released like any other. A
+  plain result (``None``, a number, a short string) also comes back in the reply, so
+  gathering it fetches nothing.
 
 Messages are started on the client's event loop; a call whose inputs are futures waits
 there (never in the caller's thread) until they are in memory, then the worker fetches
@@ -27,6 +29,7 @@ import itertools
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Sequence
 from typing import Any
 
@@ -110,6 +113,8 @@ class DirectPath:
         self._lanes: dict[tuple[str, str], Lane | None] | None = {} if lanes else None
         self._lanes_lock = threading.Lock()
         self._closed = False
+        #: Plain results of non-blocking calls, sent along with their replies.
+        self._plain: weakref.WeakKeyDictionary[Future, Any] = weakref.WeakKeyDictionary()
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
         self._outbox: list[_Message] = []
@@ -222,6 +227,11 @@ class DirectPath:
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
+
+    def plain_result(self, future: Future, default: Any) -> Any:
+        """The result of ``future`` if it came back with its reply, else ``default``."""
+        with self._lock:
+            return self._plain.get(future, default)
 
     def waits_for(self, futures: Sequence[Any]) -> list[Future]:
         """Those of ``futures`` whose keys the scheduler does not know yet."""
@@ -395,6 +405,9 @@ class DirectPath:
         if error is not None:
             fail_future(future, error)
         else:
+            if reply and "value" in reply:
+                with self._lock:
+                    self._plain[future] = reply["value"]
             finish_future(future)
         self.announce(future.key)
 
