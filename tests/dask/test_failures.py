@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import dask
@@ -31,6 +32,11 @@ class Sleeper(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def ping(self):
         return "pong"
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def doze(self, seconds):
+        time.sleep(seconds)
+        return seconds
 
 
 @pytest.fixture(scope="module")
@@ -55,6 +61,17 @@ def test_worker_killed_during_a_call_fails_it_within_5s_naming_group_and_rank(
     start = time.monotonic()
     with pytest.raises(WorkerLostError, match=r"rank 1 of worker group 'sleepy'"):
         hf.get(pending)
+    assert time.monotonic() - start < 5
+
+
+def test_worker_killed_during_a_blocking_call_fails_it_within_5s(own_backend, hf_worker_group):
+    """A blocking call travels on the socket lane: its end, not the scheduler, says first."""
+    group = hf_worker_group(Sleeper, [2], backend=own_backend, name_prefix="dozy")
+    pids = group.pid()
+    threading.Timer(0.5, _kill, args=(pids[1],)).start()
+    start = time.monotonic()
+    with pytest.raises(WorkerLostError, match=r"rank 1 of worker group 'dozy'"):
+        group.doze(30)
     assert time.monotonic() - start < 5
 
 

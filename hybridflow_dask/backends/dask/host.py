@@ -256,8 +256,13 @@ class InstanceHost(WorkerPlugin):
             if is_plain(result):  # the driver keeps a copy: gathering it costs no fetch
                 return {"status": "OK", "nbytes": nbytes, "value": result}
             return {"status": "OK", "nbytes": nbytes}
+        try:
+            payload = _payload(result, actor, method)
+        except TypeError as exc:
+            self._log_call(actor, key, method, start, "error", 0)
+            return _error_reply(exc)
         self._log_call(actor, key, method, start, "OK", 0)
-        return {"status": "OK", "result": result if is_plain(result) else to_serialize(result)}
+        return {"status": "OK", "result": payload}
 
     async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
         actor = self.actors.get(instance)
@@ -357,13 +362,9 @@ class InstanceHost(WorkerPlugin):
             error = done.exception()
             if error is None:
                 try:
-                    result = done.result()
-                    payload = result if is_plain(result) else Serialized(*_serialize(result))
-                except Exception as exc:
-                    error = TypeError(
-                        f"the result of {actor.ref.group}.{method} (rank {actor.ref.rank}) "
-                        f"cannot be sent back to the driver: {exc!r}; return picklable values"
-                    )
+                    payload = _payload(done.result(), actor, method)
+                except TypeError as exc:
+                    error = exc
             self._log_call(actor, msg["key"], method, start, "error" if error else "OK", 0)
             if error is not None:
                 reply({"id": ident, "status": "error", "exception": _sendable(error)})
@@ -554,8 +555,19 @@ def _sendable(exc: BaseException) -> BaseException:
     return exc
 
 
-def _serialize(value: Any) -> tuple[dict, list]:
-    return serialize(value, serializers=("dask", "pickle"), on_error="raise")
+def _payload(result: Any, actor: Actor, method: str) -> Any:
+    """A blocking call's result as its reply carries it: plain, or serialized here (so a
+    result that cannot travel is an error for its caller, not a broken stream)."""
+    if is_plain(result):
+        return result
+    try:
+        return Serialized(*serialize(result, serializers=("dask", "pickle"), on_error="raise"))
+    except Exception as exc:
+        raise TypeError(
+            f"the result of {actor.ref.group}.{method} (rank {actor.ref.rank}) cannot be sent "
+            f"back to the driver: {exc!r}; return picklable values (tensors, arrays, "
+            "DataProto, plain Python objects)"
+        ) from None
 
 
 def _host() -> InstanceHost:

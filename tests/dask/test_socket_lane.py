@@ -1,0 +1,172 @@
+"""The socket lane: blocking direct calls from the calling thread to the instance's thread.
+
+The framing is checked over a real socket pair; the lane itself on the session cluster
+(real worker processes), with and without it, so the two ways of travelling cannot drift
+apart. Killing a worker during a lane call is in ``test_failures``.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import threading
+
+import dask
+import pytest
+import torch
+from distributed.protocol.serialize import Serialized, serialize
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends.dask.socket_lane import Lane, LaneServer, lane_host
+from hybridflow_dask.backends.dask.wire import Framed, read_message, unpack, write_message
+
+
+class Unpicklable:
+    def __reduce__(self):
+        raise TypeError("not today")
+
+
+class Lanes(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def where(self):
+        return os.getpid(), threading.current_thread().name
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: hf.DataProto) -> hf.DataProto:
+        return hf.DataProto.from_dict({"x": data.batch["x"] * 2})
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def fail(self):
+        raise KeyError("no such thing")
+
+    @hf.register(hf.Dispatch.RANK_ZERO)
+    def odd(self):
+        return Unpicklable()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def later(self, value):
+        return value
+
+
+# -- framing -------------------------------------------------------------------------------------
+
+
+def _pair():
+    a, b = socket.socketpair()
+    return a, b, b.makefile("rb")
+
+
+def test_a_message_with_frames_arrives_whole_and_deserializes():
+    a, b, stream = _pair()
+    tensor = torch.arange(300_000, dtype=torch.float32)  # 1.2 MB: written frame by frame
+    msg = {"id": 7, "method": "m", "args": Serialized(*serialize((tensor,))), "small": None}
+    writer = threading.Thread(target=write_message, args=(a.sendall, msg))
+    writer.start()
+    got = read_message(stream)
+    writer.join()
+    assert got["id"] == 7 and got["small"] is None
+    assert isinstance(got["args"], Framed)
+    (back,) = unpack(got["args"])
+    assert torch.equal(back, tensor)
+    a.close(), b.close()
+
+
+def test_a_stream_ending_mid_message_is_an_eof_error():
+    a, b, stream = _pair()
+    chunks = []
+    write_message(chunks.append, {"id": 1, "args": Serialized(*serialize(b"x" * 100_000))})
+    a.sendall(b"".join(bytes(c) for c in chunks)[:5000])
+    a.close()
+    with pytest.raises(EOFError):
+        read_message(stream)
+    b.close()
+
+
+def test_only_plain_tcp_workers_offer_a_lane():
+    assert lane_host("tcp://127.0.0.1:8786") == "127.0.0.1"
+    assert lane_host("tcp://[::1]:8786") == "::1"
+    assert lane_host("tls://127.0.0.1:8786") is None
+    assert lane_host("inproc://10.0.0.1/1/2") is None
+
+
+def test_a_connection_without_the_token_is_closed_unanswered():
+    handled = []
+    server = LaneServer("127.0.0.1", lambda msg, reply: handled.append(msg))
+    try:
+        with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
+            sock.sendall(b"0" * 16)
+            write_message(sock.sendall, {"id": 1})
+            assert sock.recv(1) == b""  # closed by the server
+        assert handled == []
+        replies = threading.Event()
+        lane = Lane(
+            "127.0.0.1",
+            server.port,
+            server.token,
+            on_reply=lambda ctx, reply: replies.set(),
+            on_broken=lambda pending: None,
+        )
+        lane.request({"n": 1}, "ctx")
+        for _ in range(100):
+            if handled:
+                break
+            threading.Event().wait(0.05)
+        assert handled and handled[0]["n"] == 1
+        lane.close()
+    finally:
+        server.close()
+
+
+# -- on real workers, with and without the lane ---------------------------------------------
+
+
+@pytest.fixture(scope="module", params=["lane", "comm"])
+def lanes(request, hf_dask_cluster):
+    with dask.config.set({"hybridflow.socket-lane": request.param == "lane"}):
+        backend = DaskBackend(cluster=hf_dask_cluster)
+    group = hf.WorkerGroup(hf.ResourcePool([2]), Lanes, backend=backend)
+    yield request.param, backend, group
+    group.shutdown()
+    backend.shutdown()
+
+
+def test_blocking_calls_take_the_lane_only_where_it_is_on(lanes):
+    path, backend, group = lanes
+    pids = [pid for pid, _ in group.where()]
+    assert len(set(pids)) == 2
+    opened = [lane for lane in (backend._direct._lanes or {}).values() if lane is not None]
+    assert len(opened) == (2 if path == "lane" else 0)
+
+
+def test_the_method_runs_in_the_instance_thread_either_way(lanes):
+    _, _, group = lanes
+    threads = [name for _, name in group.where()]
+    assert all(name.startswith("hf-") for name in threads), threads
+
+
+def test_data_and_errors_come_back_the_same_either_way(lanes):
+    _, _, group = lanes
+    x = torch.arange(4096, dtype=torch.float32).reshape(64, 64)
+    out = group.double(hf.DataProto.from_dict({"x": x}))
+    assert torch.equal(out.batch["x"], x * 2)
+    with pytest.raises(KeyError, match="no such thing") as info:
+        group.fail()
+    assert "fail" in "".join(getattr(info.value, "__notes__", []))
+
+
+def test_a_result_that_cannot_travel_is_a_type_error_and_the_instance_goes_on(lanes):
+    _, _, group = lanes
+    with pytest.raises(TypeError, match="odd"):
+        group.odd()
+    assert len(group.where()) == 2
+
+
+def test_a_plain_result_of_a_non_blocking_call_comes_back_with_its_reply(lanes):
+    _, backend, group = lanes
+    futures = group.later(41)
+    assert backend.gather(futures) == [41, 41]
+    assert [backend._direct.plain_result(f, "fetch") for f in futures] == [41, 41]
+    tensors = group.later(torch.ones(3))  # not plain: fetched from the workers
+    assert [backend._direct.plain_result(f, "fetch") for f in tensors] == ["fetch", "fetch"]
+    assert all(torch.equal(t, torch.ones(3)) for t in backend.gather(tensors))
