@@ -34,6 +34,7 @@ from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .config import (
     call_path,
     call_timeout,
+    freeze_gc,
     fresh_processes,
     max_local_workers,
     scatter_threshold,
@@ -130,6 +131,7 @@ class DaskBackend:
             # A program that ends without shutdown(): close cleanly before distributed's own
             # exit hook (registered earlier, so run later) closes the cluster under us.
             atexit.register(_shutdown_at_exit, weakref.ref(self))
+        freeze_gc()  # the imported modules' objects: no full collection scans them again
 
     # -- public conveniences ------------------------------------------------------------
 

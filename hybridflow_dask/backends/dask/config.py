@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 from pathlib import Path
 
 import dask.config
@@ -12,6 +13,7 @@ __all__ = [
     "call_path",
     "call_timeout",
     "connect_timeout",
+    "freeze_gc",
     "fresh_processes",
     "max_local_workers",
     "scatter_threshold",
@@ -50,6 +52,12 @@ def call_path() -> str:
 def socket_lane() -> bool:
     """Whether blocking direct calls may use the workers' socket lanes."""
     return bool(dask.config.get("hybridflow.socket-lane"))
+
+
+def freeze_gc() -> None:
+    """``gc.freeze()`` what is alive now, unless ``hybridflow.freeze-gc`` is false."""
+    if dask.config.get("hybridflow.freeze-gc"):
+        gc.freeze()
 
 
 def fresh_processes() -> bool:
