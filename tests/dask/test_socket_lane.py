@@ -7,6 +7,7 @@ apart. Killing a worker during a lane call is in ``test_failures``.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import threading
@@ -97,7 +98,9 @@ def test_a_connection_without_the_token_is_closed_unanswered():
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
             sock.sendall(b"0" * 16)
             write_message(sock.sendall, {"id": 1})
-            assert sock.recv(1) == b""  # closed by the server
+            # closed by the server: an end of stream, or a reset (our message was left unread)
+            with contextlib.suppress(ConnectionResetError):
+                assert sock.recv(1) == b""
         assert handled == []
         replies = threading.Event()
         lane = Lane(

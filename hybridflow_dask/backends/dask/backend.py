@@ -365,7 +365,7 @@ class DaskBackend:
             if limit is not None and pending and time.monotonic() - start > limit:
                 raise TimeoutError(self._live.still_running(pending, limit)) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
-            if isinstance(f, ReplyFuture) and f.exception() is not None:
+            if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
                 raise _detached(f.exception())
             if isinstance(f, Future) and f.status == "error":
                 state = future_state(f)

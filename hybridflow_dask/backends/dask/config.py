@@ -55,8 +55,10 @@ def socket_lane() -> bool:
 
 
 def freeze_gc() -> None:
-    """``gc.freeze()`` what is alive now, unless ``hybridflow.freeze-gc`` is false."""
-    if dask.config.get("hybridflow.freeze-gc"):
+    """``gc.freeze()`` what is alive now, once per process, unless ``hybridflow.freeze-gc``
+    is false. Once only: a later freeze would also pin the cyclic garbage of the program's
+    own objects (a dropped group, say) for good."""
+    if dask.config.get("hybridflow.freeze-gc") and gc.get_freeze_count() == 0:
         gc.freeze()
 
 
