@@ -19,11 +19,11 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import NonTensorStack, TensorDict, TensorDictBase, is_non_tensor
 from torch.utils.data import DataLoader, Dataset
 
 from .checks import as_key_list, non_negative_int, positive_int
 from .config import AUTO_PADDING_KEY, DataProtoConfig
+from .lazy_tensordict import tensordict
 from .tensordict_ops import (
     as_row_indices,
     chunk_bounds,
@@ -96,7 +96,7 @@ def _unfold_array(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
 class DataProtoItem:
     """One row of a DataProto: ``batch`` has no batch dimension, non-tensor values are cells."""
 
-    batch: TensorDictBase | None = None
+    batch: tensordict.TensorDictBase | None = None
     non_tensor_batch: dict = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
@@ -132,7 +132,7 @@ class DataProto:
     Equality is deliberately not defined: compare the fields.
     """
 
-    batch: TensorDictBase | None = None
+    batch: tensordict.TensorDictBase | None = None
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
@@ -147,7 +147,7 @@ class DataProto:
 
     def check_consistency(self) -> None:
         """Raise ``TypeError``/``ValueError`` naming the key and lengths that disagree."""
-        if self.batch is not None and not isinstance(self.batch, TensorDictBase):
+        if self.batch is not None and not isinstance(self.batch, tensordict.TensorDictBase):
             raise TypeError(f"batch must be a TensorDict or None, got {type(self.batch).__name__}")
         if not isinstance(self.non_tensor_batch, dict):
             raise TypeError(
@@ -264,7 +264,7 @@ class DataProto:
         batch_size = None
         pivot = None
         for key, tensor in tensors.items():
-            if not isinstance(tensor, (torch.Tensor, TensorDictBase)):
+            if not isinstance(tensor, (torch.Tensor, tensordict.TensorDictBase)):
                 raise TypeError(f"tensors[{key!r}] is a {type(tensor).__name__}, not a tensor")
             if tensor.ndim < num_batch_dims:
                 raise ValueError(
@@ -287,7 +287,7 @@ class DataProto:
                     f"non_tensors[{key!r}] is a {type(value).__name__}; expected a numpy array "
                     "or a list"
                 )
-        batch = TensorDict(tensors, batch_size=batch_size) if tensors else None
+        batch = tensordict.TensorDict(tensors, batch_size=batch_size) if tensors else None
         if auto_padding:
             meta_info[AUTO_PADDING_KEY] = True
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta_info)
@@ -312,7 +312,7 @@ class DataProto:
     @classmethod
     def from_tensordict(
         cls,
-        tensor_dict: TensorDictBase,
+        tensor_dict: tensordict.TensorDictBase,
         meta_info: Mapping | None = None,
         num_batch_dims: int = 1,
     ) -> DataProto:
@@ -320,7 +320,7 @@ class DataProto:
 
         NonTensorStack entries become object arrays, NonTensorData entries meta_info.
         """
-        if not isinstance(tensor_dict, TensorDictBase):
+        if not isinstance(tensor_dict, tensordict.TensorDictBase):
             raise TypeError(f"expected a TensorDict, got {type(tensor_dict).__name__}")
         _check_one_batch_dim(num_batch_dims)
         if len(tensor_dict.batch_size) != num_batch_dims:
@@ -330,26 +330,26 @@ class DataProto:
             )
         tensors, non_tensors, meta = {}, {}, {}
         for key, value in tensor_dict.items():
-            if isinstance(value, NonTensorStack):
+            if isinstance(value, tensordict.NonTensorStack):
                 non_tensors[key] = to_object_array(value.tolist())
-            elif is_non_tensor(value):
+            elif tensordict.is_non_tensor(value):
                 meta[key] = value.data
             else:
                 tensors[key] = value
         meta.update(meta_info or {})
         batch = None
         if tensors or not non_tensors:
-            batch = TensorDict(
+            batch = tensordict.TensorDict(
                 tensors, batch_size=tensor_dict.batch_size, device=tensor_dict.device
             )
         return cls(batch=batch, non_tensor_batch=non_tensors, meta_info=meta)
 
-    def to_tensordict(self) -> TensorDict:
+    def to_tensordict(self) -> tensordict.TensorDict:
         """One TensorDict: tensors as they are, arrays as NonTensorStack, meta as NonTensorData."""
         if self.batch is not None:
             out = self.batch.clone(recurse=False)
         else:
-            out = TensorDict({}, batch_size=[len(self)])
+            out = tensordict.TensorDict({}, batch_size=[len(self)])
         for source, values in (
             ("non_tensor_batch", self.non_tensor_batch),
             ("meta_info", self.meta_info),
@@ -358,7 +358,7 @@ class DataProto:
                 if key in out.keys():  # noqa: SIM118 (older tensordicts refuse `in`)
                     raise ValueError(f"key {key!r} of {source} is already in the TensorDict")
         for key, array in self.non_tensor_batch.items():
-            out.set(key, NonTensorStack.from_list(list(array)))
+            out.set(key, tensordict.NonTensorStack.from_list(list(array)))
         for key, value in self.meta_info.items():
             out.set_non_tensor(key, value)
         return out
@@ -366,7 +366,7 @@ class DataProto:
     # ------------------------------------------------------------------ row access
 
     def _with(
-        self, batch: TensorDictBase | None, non_tensor: dict, meta: dict | None = None
+        self, batch: tensordict.TensorDictBase | None, non_tensor: dict, meta: dict | None = None
     ) -> DataProto:
         meta = dict(self.meta_info) if meta is None else meta
         return type(self)(batch=batch, non_tensor_batch=non_tensor, meta_info=meta)
@@ -490,7 +490,9 @@ class DataProto:
         batch = None
         if batch_keys:
             popped = {key: self.batch.pop(key) for key in batch_keys}
-            batch = TensorDict(batch_size=self.batch.batch_size, device=self.batch.device)
+            batch = tensordict.TensorDict(
+                batch_size=self.batch.batch_size, device=self.batch.device
+            )
             for key, value in popped.items():
                 batch.set(key, value)
         non_tensor = {key: self.non_tensor_batch.pop(key) for key in non_tensor_keys}

@@ -12,9 +12,9 @@ from typing import Any
 import numpy as np
 import torch
 import torch.distributed as dist
-from tensordict import TensorDict
 
 from .data_proto import DataProto
+from .lazy_tensordict import tensordict
 
 __all__ = ["all_gather_data_proto"]
 
@@ -83,9 +83,9 @@ def _check_same_layout(gathered: list[Any]) -> None:
 
 def _gather_batch(
     data: DataProto, leaves: list[tuple[Any, torch.Tensor]], size: int, group: Any
-) -> TensorDict:
+) -> tensordict.TensorDict:
     device = _collective_device(group)
-    out = TensorDict({}, batch_size=[len(data) * size], device=data.batch.device)
+    out = tensordict.TensorDict({}, batch_size=[len(data) * size], device=data.batch.device)
     for key, value in leaves:
         local = value.to(device).contiguous()
         parts = [torch.empty_like(local) for _ in range(size)]

@@ -9,14 +9,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any, TypeAlias
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase, is_non_tensor
 
 from .config import AUTO_PADDING_KEY, DataProtoConfig
 from .data_proto import DataProto
+from .lazy_tensordict import tensordict
+
+if TYPE_CHECKING:
+    from tensordict import TensorDictBase
 
 __all__ = [
     "Batch",
@@ -31,7 +34,7 @@ __all__ = [
 ]
 
 #: What a DP dispatch mode splits by rows.
-Batch = DataProto | TensorDictBase
+Batch: TypeAlias = "DataProto | TensorDictBase"
 
 
 class PadRows(int):
@@ -65,7 +68,7 @@ class PadRows(int):
 
 def is_batch(value: Any) -> bool:
     """True for the row containers dispatch can split (DataProto, TensorDict)."""
-    return isinstance(value, (DataProto, TensorDictBase))
+    return isinstance(value, (DataProto, tensordict.TensorDictBase))
 
 
 def row_count(data: Batch) -> int:
@@ -96,7 +99,7 @@ def concat_batches(parts: Sequence[Batch]) -> Batch:
         raise ValueError("nothing to concatenate")
     if all(isinstance(p, DataProto) for p in items):
         return DataProto.concat(items)
-    if all(isinstance(p, TensorDictBase) for p in items):
+    if all(isinstance(p, tensordict.TensorDictBase) for p in items):
         return torch.cat(items, dim=0)
     kinds = sorted({type(p).__name__ for p in items})
     raise TypeError(f"cannot concatenate a mix of {kinds}; every part must be the same kind")
@@ -115,7 +118,7 @@ def padding_enabled(data: Batch) -> bool:
     if AUTO_PADDING_KEY not in data.keys():  # noqa: SIM118 (older tensordicts refuse `in`)
         return False
     flag = data.get(AUTO_PADDING_KEY)
-    return bool(flag.data if is_non_tensor(flag) else flag)
+    return bool(flag.data if tensordict.is_non_tensor(flag) else flag)
 
 
 def pad_for_dispatch(data: Batch, chunks: int) -> tuple[Batch, PadRows]:

@@ -41,9 +41,9 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase, is_non_tensor
 
 from .data_proto import DataProto
+from .lazy_tensordict import tensordict
 
 __all__ = [
     "FORMAT_VERSION",
@@ -255,12 +255,12 @@ def _decode_tensor(entry: dict, reader: _FrameReader) -> torch.Tensor:
 # ---------------------------------------------------------------------- tensordicts
 
 
-def _encode_tensordict(td: TensorDictBase, writer: _FrameWriter) -> dict:
+def _encode_tensordict(td: tensordict.TensorDictBase, writer: _FrameWriter) -> dict:
     entries = []
     for key, value in td.items():
         if isinstance(value, torch.Tensor) and _is_plain_tensor(value):
             entries.append({"key": key, **_encode_tensor(value, writer)})
-        elif isinstance(value, TensorDictBase) and not is_non_tensor(value):
+        elif isinstance(value, tensordict.TensorDictBase) and not tensordict.is_non_tensor(value):
             entries.append({"key": key, **_encode_tensordict(value, writer)})
         else:
             entries.append({"key": key, "kind": "object", "index": writer.add_object(value)})
@@ -272,7 +272,7 @@ def _encode_tensordict(td: TensorDictBase, writer: _FrameWriter) -> dict:
     }
 
 
-def _decode_tensordict(spec: dict, reader: _FrameReader) -> TensorDict:
+def _decode_tensordict(spec: dict, reader: _FrameReader) -> tensordict.TensorDict:
     source: dict[str, Any] = {}
     for entry in spec["entries"]:
         kind = entry["kind"]
@@ -284,7 +284,9 @@ def _decode_tensordict(spec: dict, reader: _FrameReader) -> TensorDict:
             source[entry["key"]] = reader.object(entry["index"])
         else:
             raise ValueError(f"unknown entry kind {kind!r} for key {entry['key']!r}")
-    return TensorDict(source, batch_size=spec["batch_size"], device=_resolve_device(spec["device"]))
+    return tensordict.TensorDict(
+        source, batch_size=spec["batch_size"], device=_resolve_device(spec["device"])
+    )
 
 
 # ---------------------------------------------------------------------- numpy arrays
@@ -396,9 +398,9 @@ def deserialize_dataproto(header: dict, frames: Sequence[Any]) -> DataProto:
     return _decode_dataproto(header, _FrameReader.from_header(header, frames), DataProto)
 
 
-def serialize_tensordict(td: TensorDictBase) -> tuple[dict, list[Frame]]:
+def serialize_tensordict(td: tensordict.TensorDictBase) -> tuple[dict, list[Frame]]:
     """``(header, frames)`` for a bare TensorDict (nested TensorDicts included)."""
-    if not isinstance(td, TensorDictBase):
+    if not isinstance(td, tensordict.TensorDictBase):
         raise TypeError(f"expected a TensorDict, got {type(td).__name__}")
     writer = _FrameWriter()
     header = {
@@ -410,7 +412,7 @@ def serialize_tensordict(td: TensorDictBase) -> tuple[dict, list[Frame]]:
     return header, frames
 
 
-def deserialize_tensordict(header: dict, frames: Sequence[Any]) -> TensorDict:
+def deserialize_tensordict(header: dict, frames: Sequence[Any]) -> tensordict.TensorDict:
     """Inverse of :func:`serialize_tensordict`."""
     _check_header(header, "TensorDict")
     return _decode_tensordict(header["body"], _FrameReader.from_header(header, frames))
@@ -470,13 +472,13 @@ def sizeof_tensor(tensor: torch.Tensor) -> int:
         return _sizeof_object(tensor)
 
 
-def sizeof_tensordict(td: TensorDictBase) -> int:
+def sizeof_tensordict(td: tensordict.TensorDictBase) -> int:
     """Sum over leaves: tensor bytes, nested TensorDicts, and estimated non-tensor leaves."""
     total = 0
     for value in td.values():
         if isinstance(value, torch.Tensor):
             total += sizeof_tensor(value)
-        elif isinstance(value, TensorDictBase) and not is_non_tensor(value):
+        elif isinstance(value, tensordict.TensorDictBase) and not tensordict.is_non_tensor(value):
             total += sizeof_tensordict(value)
         else:
             total += _sizeof_object(value)

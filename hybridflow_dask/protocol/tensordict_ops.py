@@ -11,7 +11,8 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+
+from .lazy_tensordict import tensordict
 
 _METRICS_KEY = "metrics"
 
@@ -124,7 +125,9 @@ def _is_nan(value: Any) -> bool:
     return False
 
 
-def union_tensor_dict(tensor_dict1: TensorDictBase, tensor_dict2: TensorDictBase) -> TensorDictBase:
+def union_tensor_dict(
+    tensor_dict1: tensordict.TensorDictBase, tensor_dict2: tensordict.TensorDictBase
+) -> tensordict.TensorDictBase:
     """Add the entries of ``tensor_dict2`` to ``tensor_dict1`` in place and return it.
 
     Keys present in both must hold equal tensors; otherwise ``ValueError`` names the key.

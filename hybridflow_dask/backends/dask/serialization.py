@@ -10,7 +10,6 @@ sent, and unpickling that plugin imports ``hybridflow_dask``.
 from __future__ import annotations
 
 from distributed.protocol import dask_deserialize, dask_serialize
-from tensordict import TensorDict
 
 from hybridflow_dask_sizeof import register_sizeof
 
@@ -26,8 +25,16 @@ __all__: list[str] = []
 
 dask_serialize.register(DataProto)(serialize_dataproto)
 dask_deserialize.register(DataProto)(deserialize_dataproto)
-dask_serialize.register(TensorDict)(serialize_tensordict)
-dask_deserialize.register(TensorDict)(deserialize_tensordict)
+
+
+@dask_serialize.register_lazy("tensordict")
+@dask_deserialize.register_lazy("tensordict")
+def _register_tensordict() -> None:
+    """Registered when Dask first meets a TensorDict: importing tensordict costs seconds."""
+    from tensordict import TensorDict
+
+    dask_serialize.register(TensorDict)(serialize_tensordict)
+    dask_deserialize.register(TensorDict)(deserialize_tensordict)
 
 
 def _register_sizeof_now() -> None:
