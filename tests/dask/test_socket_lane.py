@@ -173,3 +173,12 @@ def test_a_plain_result_of_a_non_blocking_call_comes_back_with_its_reply(lanes):
     tensors = group.later(torch.ones(3))  # not plain: fetched from the workers
     assert [backend._direct.plain_result(f, "fetch") for f in tensors] == ["fetch", "fetch"]
     assert all(torch.equal(t, torch.ones(3)) for t in backend.gather(tensors))
+
+
+def test_the_driver_counts_the_bytes_it_sends_and_receives_either_way(lanes):
+    _, backend, group = lanes
+    x = torch.ones(64, 256)  # 64 KiB: half to each rank, and back
+    sent, got = backend.driver_bytes["scattered"], backend.driver_bytes["gathered"]
+    group.double(hf.DataProto.from_dict({"x": x}))
+    assert backend.driver_bytes["scattered"] - sent >= x.nbytes
+    assert backend.driver_bytes["gathered"] - got >= x.nbytes

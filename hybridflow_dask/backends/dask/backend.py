@@ -119,7 +119,14 @@ class DaskBackend:
         share = share_colocated_inputs()
         self._tasks = TaskPath(self.client, self.driver_id, self._live, share=share)
         self._direct = (
-            DirectPath(self.client, self.driver_id, self._live, share=share, lanes=socket_lane())
+            DirectPath(
+                self.client,
+                self.driver_id,
+                self._live,
+                share=share,
+                lanes=socket_lane(),
+                counts=self.driver_bytes,
+            )
             if call_path() == "direct"
             else None
         )

@@ -103,9 +103,18 @@ class DirectPath:
     name = "direct"
 
     def __init__(
-        self, client: Any, driver_id: str, live: Liveness, *, share: bool, lanes: bool = True
+        self,
+        client: Any,
+        driver_id: str,
+        live: Liveness,
+        *,
+        share: bool,
+        lanes: bool = True,
+        counts: dict[str, int] | None = None,
     ) -> None:
         self.client = client
+        #: The backend's ``driver_bytes``: arguments this path sends count as "scattered".
+        self._counts = counts if counts is not None else {"scattered": 0}
         self.driver_id = driver_id
         self._live = live
         self._share = share
@@ -163,6 +172,9 @@ class DirectPath:
         else:
             packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
             packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
+            sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
+            with self._lock:
+                self._counts["scattered"] += sent
         if blocking:
             future: Any = ReplyFuture(key)
         else:
@@ -432,6 +444,10 @@ def _nested_futures(values: Any) -> list[Future]:
         if isinstance(value, DataProtoFuture):
             found += [f for f in (*value.parts, value.pad) if isinstance(f, Future)]
     return found
+
+
+def _frame_bytes(packed: Serialized) -> int:
+    return sum(memoryview(frame).nbytes for frame in packed.frames)
 
 
 def pack(value: Any, what: str) -> Serialized:
