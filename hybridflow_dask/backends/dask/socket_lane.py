@@ -114,7 +114,13 @@ class LaneServer:
             _nodelay(conn)
             stream = conn.makefile("rb", buffering=_BUFFER)
             while True:
-                self._handle(read_message(stream), reply)
+                msg = read_message(stream)
+                try:
+                    self._handle(msg, reply)
+                except Exception as exc:  # a bug on our side: the caller still gets an answer
+                    logger.exception("lane message %s failed", msg.get("id"))
+                    error = RuntimeError(f"the worker could not take the call: {exc!r}")
+                    reply({"id": msg.get("id"), "status": "error", "exception": error})
         except (EOFError, OSError):  # the driver closed, or this server did
             pass
         finally:
