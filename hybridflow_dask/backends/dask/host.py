@@ -438,39 +438,45 @@ class Registrar:
     """Keeps results in the worker's memory and registers them with the scheduler in batches.
 
     A result must be known to the scheduler before the driver may use its future, so each
-    kept result waits for a registration; all those waiting at one turn of the event loop
-    share one ``update_data`` message instead of paying a round trip each.
+    kept result waits for a registration; all those finished by one turn of the event
+    loop are stored with one ``update_data`` call (one pass of the worker's state machine)
+    and registered with one message to the scheduler, instead of paying for each.
     """
 
     def __init__(self, worker: Any) -> None:
         self.worker = worker
-        self._batch: dict[str, dict[str, int]] = {}  # client id -> key -> nbytes
-        self._waiters: list[asyncio.Future] = []
+        self._values: dict[str, Any] = {}
+        self._owners: dict[str, str] = {}  # key -> id of the client that wants it
+        self._waiters: dict[str, asyncio.Future] = {}
 
     async def keep(self, key: str, value: Any, client: str) -> int:
-        nbytes = self.worker.update_data(data={key: value})["nbytes"][key]
+        """Store ``value`` under ``key`` for ``client``; its size once registered."""
         if not self._waiters:
             asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush()))
-        self._batch.setdefault(client, {})[key] = nbytes
-        waiter = asyncio.get_running_loop().create_future()
-        self._waiters.append(waiter)
-        await waiter
-        return nbytes
+        self._values[key] = value
+        self._owners[key] = client
+        waiter = self._waiters[key] = asyncio.get_running_loop().create_future()
+        return await waiter
 
     async def _flush(self) -> None:
-        batch, self._batch = self._batch, {}
-        waiters, self._waiters = self._waiters, []
+        values, self._values = self._values, {}
+        owners, self._owners = self._owners, {}
+        waiters, self._waiters = self._waiters, {}
         try:
-            for client, nbytes in batch.items():
-                await register_keys(self.worker, nbytes, client)
+            nbytes = self.worker.update_data(data=values)["nbytes"]
+            by_client: dict[str, dict[str, int]] = {}
+            for key, client in owners.items():
+                by_client.setdefault(client, {})[key] = nbytes[key]
+            for client, sizes in by_client.items():
+                await register_keys(self.worker, sizes, client)
         except BaseException as exc:
-            for waiter in waiters:
+            for waiter in waiters.values():
                 if not waiter.done():
                     waiter.set_exception(exc)
             raise
-        for waiter in waiters:
+        for key, waiter in waiters.items():
             if not waiter.done():
-                waiter.set_result(None)
+                waiter.set_result(nbytes[key])
 
 
 def _as_coroutine(fn: Callable[..., Any]) -> Callable[..., Any]:
