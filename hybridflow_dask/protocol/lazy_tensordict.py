@@ -9,9 +9,10 @@ DataProto yet) should not wait for it.
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Any
 
-__all__ = ["tensordict"]
+__all__ = ["is_tensordict", "tensordict"]
 
 
 class _OnFirstUse:
@@ -24,3 +25,9 @@ class _OnFirstUse:
 
 
 tensordict: Any = _OnFirstUse()
+
+
+def is_tensordict(value: Any) -> bool:
+    """``value`` is a TensorDict, asked without importing tensordict: if no code imported it
+    yet, nothing can be one."""
+    return "tensordict" in sys.modules and isinstance(value, tensordict.TensorDictBase)

@@ -16,7 +16,7 @@ import torch
 
 from .config import AUTO_PADDING_KEY, DataProtoConfig
 from .data_proto import DataProto
-from .lazy_tensordict import tensordict
+from .lazy_tensordict import is_tensordict, tensordict
 
 if TYPE_CHECKING:
     from tensordict import TensorDictBase
@@ -68,7 +68,7 @@ class PadRows(int):
 
 def is_batch(value: Any) -> bool:
     """True for the row containers dispatch can split (DataProto, TensorDict)."""
-    return isinstance(value, (DataProto, tensordict.TensorDictBase))
+    return isinstance(value, DataProto) or is_tensordict(value)
 
 
 def row_count(data: Batch) -> int:
@@ -99,7 +99,7 @@ def concat_batches(parts: Sequence[Batch]) -> Batch:
         raise ValueError("nothing to concatenate")
     if all(isinstance(p, DataProto) for p in items):
         return DataProto.concat(items)
-    if all(isinstance(p, tensordict.TensorDictBase) for p in items):
+    if all(is_tensordict(p) for p in items):
         return torch.cat(items, dim=0)
     kinds = sorted({type(p).__name__ for p in items})
     raise TypeError(f"cannot concatenate a mix of {kinds}; every part must be the same kind")
