@@ -274,7 +274,10 @@ class DirectPath:
         """The lane to ``slot``'s worker process, opened on first use; ``None`` when it
         offers none (or is dead: the Dask comm then reports the loss)."""
         lanes = self._lanes
-        if lanes is None or self._live.is_dead(slot):
+        if lanes is None:
+            return None
+        if self._live.is_dead(slot):  # its lane, if any, is closed: forget it
+            lanes.pop((slot.address, slot.worker_id), None)
             return None
         lane = lanes.get((slot.address, slot.worker_id), _UNASKED)
         if lane is None or (lane is not _UNASKED and not lane.broken):

@@ -107,14 +107,13 @@ class Liveness:
         slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
         if slot is not None and self.is_dead(slot):
             return lost_error(slot, ref)
-        for worker_id in sorted(needs & self._dead):
-            host = self._hosted.get(worker_id)
-            hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
-            return WorkerLostError(
-                f"{_label(fut)} depends on data from a Dask worker that died{hosted}; "
-                "the data is lost (see WorkerGroup.recover)"
-            )
-        return None
+        dead = sorted(needs & self._dead)
+        if not dead:
+            return None
+        return WorkerLostError(
+            f"{_label(fut)} depends on data from a Dask worker that died"
+            f"{self._hosted_by(dead[0], None)}; the data is lost (see WorkerGroup.recover)"
+        )
 
     def lost_input(self, fut: Any) -> WorkerLostError | None:
         """Why another call can never get ``fut``'s data (its worker died), or ``None``."""
@@ -122,12 +121,15 @@ class Liveness:
         dead = sorted(needs & self._dead)
         if not dead:
             return None
-        host = self._hosted.get(dead[0]) or ref
-        hosted = f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
         return WorkerLostError(
             f"{_label(fut)} is needed by a later call but was lost with the Dask worker that "
-            f"held it{hosted}; the data is gone (see WorkerGroup.recover)"
+            f"held it{self._hosted_by(dead[0], ref)}; the data is gone (see WorkerGroup.recover)"
         )
+
+    def _hosted_by(self, worker_id: str, fallback: InstanceRef | None) -> str:
+        """`` (it hosted rank R of group G)`` for a dead worker, or nothing if unknown."""
+        host = self._hosted.get(worker_id) or fallback
+        return f" (it hosted rank {host.rank} of group {host.group!r})" if host else ""
 
     def stranded(self) -> list[Any]:
         """Pending tracked futures that can never finish because an input's worker died."""
