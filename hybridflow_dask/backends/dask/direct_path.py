@@ -35,7 +35,7 @@ from typing import Any
 
 from distributed import Future
 from distributed.comm import CommClosedError, connect
-from distributed.protocol.serialize import Serialized, serialize
+from distributed.protocol.serialize import Serialized
 
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
@@ -44,7 +44,7 @@ from .host import InputKey, swap_inputs
 from .internals import fail_future, finish_future, future_state, pending_future, wait_future
 from .liveness import Liveness, futures_in, lost_error
 from .socket_lane import Lane, lane_host
-from .wire import plain_call, unpack
+from .wire import pack, plain_call, unpack
 
 __all__ = ["DirectPath", "ReplyFuture"]
 
@@ -109,12 +109,12 @@ class DirectPath:
         live: Liveness,
         *,
         share: bool,
-        lanes: bool = True,
-        counts: dict[str, int] | None = None,
+        lanes: bool,
+        counts: dict[str, int],
     ) -> None:
         self.client = client
         #: The backend's ``driver_bytes``: arguments this path sends count as "scattered".
-        self._counts = counts if counts is not None else {"scattered": 0}
+        self._counts = counts
         self.driver_id = driver_id
         self._live = live
         self._share = share
@@ -216,9 +216,13 @@ class DirectPath:
         self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], None))
 
     def port(self, slot: Slot) -> int:
-        future = ReplyFuture("port")
-        self._post(_Message("hf_port", slot, None, None, {}, [], future))
-        return future.result()
+        return self._ask("hf_port", slot)
+
+    def _ask(self, op: str, slot: Slot, timeout: float | None = None) -> Any:
+        """The answer to a question for ``slot``'s worker (from the caller's thread)."""
+        future = ReplyFuture(op)
+        self._post(_Message(op, slot, None, None, {}, [], future))
+        return future.result(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
         """Close the streams and end the messages still in flight (from the caller's thread)."""
@@ -276,23 +280,23 @@ class DirectPath:
         lanes = self._lanes
         if lanes is None:
             return None
+        process = (slot.address, slot.worker_id)
         if self._live.is_dead(slot):  # its lane, if any, is closed: forget it
-            lanes.pop((slot.address, slot.worker_id), None)
+            lanes.pop(process, None)
             return None
-        lane = lanes.get((slot.address, slot.worker_id), _UNASKED)
+        process = (slot.address, slot.worker_id)
+        lane = lanes.get(process, _UNASKED)
         if lane is None or (lane is not _UNASKED and not lane.broken):
             return lane
         with self._lanes_lock:
-            lane = lanes.get((slot.address, slot.worker_id), _UNASKED)
+            lane = lanes.get(process, _UNASKED)
             if lane is _UNASKED or (lane is not None and lane.broken):
-                lane = lanes[slot.address, slot.worker_id] = self._open_lane(slot)
+                lane = lanes[process] = self._open_lane(slot)
         return lane
 
     def _open_lane(self, slot: Slot) -> Lane | None:
-        future = ReplyFuture("lane")
-        self._post(_Message("hf_lane", slot, None, None, {}, [], future))
         try:
-            offer = future.result(LANE_ASK_TIMEOUT_S)
+            offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S)
             if offer is None:
                 return None
             port, token = offer
@@ -303,18 +307,14 @@ class DirectPath:
             return None
 
     def _lane_reply(self, message: _Message, reply: dict) -> None:
-        future = message.future
-        if future.done():
-            return
-        if reply.get("status") != "OK":
-            future.set_exception(reply.get("exception") or RuntimeError(str(reply)))
-            return
-        try:
-            future.set_result(unpack(reply.get("result")))
-        except Exception as exc:
-            future.set_exception(
-                TypeError(f"the result of {message.msg['method']} cannot be read here: {exc!r}")
-            )
+        error = _reply_error(reply)
+        if error is None:
+            try:
+                reply["result"] = unpack(reply.get("result"))
+            except Exception as exc:
+                method = message.msg["method"]
+                error = TypeError(f"the result of {method} cannot be read here: {exc!r}")
+        self._settle(message, reply, error)
 
     def _lane_broken(self, pending: list[_Message]) -> None:
         """The lane ended with calls unanswered: its worker died (or this path closed)."""
@@ -325,12 +325,10 @@ class DirectPath:
         while not self._closed and not self._live.is_dead(slot) and time.monotonic() < deadline:
             time.sleep(0.01)
         for message in pending:
-            if message.future.done():
-                continue
             if self._closed:
-                message.future.set_exception(CommClosedError("the backend was shut down"))
+                self._settle(message, None, CommClosedError("the backend was shut down"))
             else:
-                message.future.set_exception(lost_error(slot, message.ref))
+                self._settle(message, None, lost_error(slot, message.ref))
 
     # -- the client's event loop -------------------------------------------------------------
 
@@ -364,10 +362,7 @@ class DirectPath:
                 self._skip_now(message)
             self._settle(message, None, exc)
             return
-        if reply.get("status") == "OK":
-            self._settle(message, reply, None)
-        else:
-            self._settle(message, None, reply.get("exception") or RuntimeError(str(reply)))
+        self._settle(message, reply, _reply_error(reply))
 
     async def _rpc(self, message: _Message) -> dict:
         if self._live.is_dead(message.slot):
@@ -449,20 +444,15 @@ def _nested_futures(values: Any) -> list[Future]:
     return found
 
 
+def _reply_error(reply: dict) -> BaseException | None:
+    """The error a worker's reply carries, or ``None`` for a good one."""
+    if reply.get("status") == "OK":
+        return None
+    return reply.get("exception") or RuntimeError(str(reply))
+
+
 def _frame_bytes(packed: Serialized) -> int:
     return sum(memoryview(frame).nbytes for frame in packed.frames)
-
-
-def pack(value: Any, what: str) -> Serialized:
-    """Serialize in the caller's thread: an argument that cannot travel fails here, at once,
-    and the event loop only writes ready frames (tensors stay zero-copy views)."""
-    try:
-        return Serialized(*serialize(value, serializers=("dask", "pickle"), on_error="raise"))
-    except Exception as exc:
-        raise TypeError(
-            f"{what} cannot be sent to a Dask worker: {exc!r}; pass picklable values "
-            "(tensors, arrays, DataProto, plain Python objects)"
-        ) from exc
 
 
 class Channel:

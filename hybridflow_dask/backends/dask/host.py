@@ -42,7 +42,6 @@ from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
-from distributed.protocol.serialize import Serialized, serialize
 
 from ..base import InstanceRef
 from ..hosting import annotate_error, explain_init_error, find_free_port
@@ -52,7 +51,7 @@ from .config import freeze_gc
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
 from .socket_lane import LaneServer, lane_host
-from .wire import is_plain, unpack
+from .wire import is_plain, pack, unpack
 
 __all__ = [
     "PLUGIN_NAME",
@@ -347,17 +346,21 @@ class InstanceHost(WorkerPlugin):
     def lane_call(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """A blocking call from the lane: handed to the actor; answered from its thread."""
         ident, driver, seq, method = msg["id"], msg["driver"], msg["seq"], msg["method"]
+
+        def fail(exc: BaseException) -> None:
+            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+
         try:
             actor = self.actor(msg["instance"])
         except LookupError as exc:
-            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+            fail(exc)
             return
         start = time.time()
         try:
             args, kwargs = unpack(msg["args"]), unpack(msg["kwargs"])
         except BaseException as exc:
             actor.skip(driver, seq)
-            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+            fail(exc)
             return
 
         def answer(done: Any) -> None:
@@ -369,7 +372,7 @@ class InstanceHost(WorkerPlugin):
                     error = exc
             self._log_call(actor, msg["key"], method, start, "error" if error else "OK", 0)
             if error is not None:
-                reply({"id": ident, "status": "error", "exception": _sendable(error)})
+                fail(error)
             else:
                 reply({"id": ident, "status": "OK", "result": payload})
 
@@ -568,14 +571,8 @@ def _payload(result: Any, actor: Actor, method: str) -> Any:
     result that cannot travel is an error for its caller, not a broken stream)."""
     if is_plain(result):
         return result
-    try:
-        return Serialized(*serialize(result, serializers=("dask", "pickle"), on_error="raise"))
-    except Exception as exc:
-        raise TypeError(
-            f"the result of {actor.ref.group}.{method} (rank {actor.ref.rank}) cannot be sent "
-            f"back to the driver: {exc!r}; return picklable values (tensors, arrays, "
-            "DataProto, plain Python objects)"
-        ) from None
+    ref = actor.ref
+    return pack(result, f"the result of {ref.group}.{method} (rank {ref.rank})", back=True)
 
 
 def _host() -> InstanceHost:

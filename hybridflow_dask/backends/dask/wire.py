@@ -16,9 +16,17 @@ import struct
 from typing import Any, BinaryIO
 
 import numpy
-from distributed.protocol.serialize import Serialized, deserialize
+from distributed.protocol.serialize import Serialized, deserialize, serialize
 
-__all__ = ["Framed", "is_plain", "plain_call", "read_message", "unpack", "write_message"]
+__all__ = [
+    "Framed",
+    "is_plain",
+    "pack",
+    "plain_call",
+    "read_message",
+    "unpack",
+    "write_message",
+]
 
 _INT_MIN, _INT_MAX = -(2**63), 2**64 - 1  # what msgpack can write
 _STR_MAX = 1 << 16
@@ -44,6 +52,20 @@ def plain_call(args: Any, kwargs: Any) -> bool:
         and all(is_plain(a) for a in args)
         and all(type(k) is str and is_plain(v) for k, v in kwargs.items())
     )
+
+
+def pack(value: Any, what: str, *, back: bool = False) -> Serialized:
+    """``value`` through Dask's serializers, in the thread that has it: a value that cannot
+    travel fails there, at once, naming ``what`` (an argument, or with ``back`` a result),
+    and the event loop or socket only writes ready frames (tensors stay zero-copy views)."""
+    try:
+        return Serialized(*serialize(value, serializers=("dask", "pickle"), on_error="raise"))
+    except Exception as exc:
+        where, verb = ("back to the driver", "return") if back else ("to a Dask worker", "pass")
+        raise TypeError(
+            f"{what} cannot be sent {where}: {exc!r}; {verb} picklable values "
+            "(tensors, arrays, DataProto, plain Python objects)"
+        ) from exc
 
 
 def _encodes(text: str) -> bool:
