@@ -50,11 +50,12 @@ class Plan:
     noop_calls: int = 200
     noop_warm: int = 20
     sizes_mib: list[int] = field(default_factory=lambda: [64, 256])
-    data_repeats: int = 5
+    data_repeats: int = 7
     chain_mib: int = 64
-    chain_repeats: int = 5
+    chain_repeats: int = 7
     ready_repeats: int = 3
     burst_calls: int = 300
+    burst_repeats: int = 7
 
     @classmethod
     def quick(cls) -> Plan:
@@ -67,6 +68,7 @@ class Plan:
             chain_repeats=3,
             ready_repeats=1,
             burst_calls=50,
+            burst_repeats=2,
         )
 
 
@@ -317,13 +319,12 @@ def run_side(side: Any, plan: Plan, log: Callable[[str], None]) -> dict[str, dic
             log(f"{side.name}: {case} {statistics.median(times) * 1e3:.2f} ms")
 
         side.burst(group, 10)  # warm
-        start = time.perf_counter()
-        side.burst(group, plan.burst_calls)
-        elapsed = time.perf_counter() - start
+        times = timed(lambda: side.burst(group, plan.burst_calls), plan.burst_repeats)
+        rate = plan.burst_calls / statistics.median(times)
         results["back-to-back non-blocking no-op calls"] = summary(
-            [elapsed], calls=plan.burst_calls, calls_per_s=plan.burst_calls / elapsed
+            times, calls=plan.burst_calls, calls_per_s=rate
         )
-        log(f"{side.name}: burst {plan.burst_calls / elapsed:.0f} calls/s")
+        log(f"{side.name}: burst {rate:.0f} calls/s")
 
         group.identity(side.data(torch.randn(ROWS, 256)))  # warm
         for mib in plan.sizes_mib:

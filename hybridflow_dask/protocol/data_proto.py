@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .checks import as_key_list, non_negative_int, positive_int
 from .config import AUTO_PADDING_KEY, DataProtoConfig
+from .huge_pages import cat_rows
 from .lazy_tensordict import tensordict
 from .tensordict_ops import (
     as_row_indices,
@@ -622,7 +623,7 @@ class DataProto:
                         f"{sorted(map(str, reference - keys))} and adds "
                         f"{sorted(map(str, keys - reference))}"
                     )
-            batch = torch.cat([item.batch for item in parts], dim=0)
+            batch = cat_rows([item.batch for item in parts])
         reference_nt = list(parts[0].non_tensor_batch)
         for i, item in enumerate(parts[1:], start=1):
             if set(item.non_tensor_batch) != set(reference_nt):

@@ -30,7 +30,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from distributed import Future
@@ -343,44 +343,66 @@ class DirectPath:
         with self._lock:
             messages, self._outbox = self._outbox, []
         for message in messages:
-            task = self._loop.create_task(self._send(message))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            if message.inputs or message.known:
+                self._spawn(self._send_when_ready(message))
+            else:  # the common case: straight onto the stream, no task of its own
+                self._send(message)
 
-    async def _send(self, message: _Message) -> None:
+    def _spawn(self, coroutine: Any) -> None:
+        task = self._loop.create_task(coroutine)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _send_when_ready(self, message: _Message) -> None:
+        # ``known``: futures inside a DataProtoFuture the rank resolves itself. Its worker
+        # asks the scheduler for them by key, and a key the scheduler has not registered
+        # yet (a re-split task submitted a moment ago) is ignored there, so the rank would
+        # wait for good. Once done, every input is known to the scheduler (a direct result
+        # is finished only after its worker registered it).
         try:
-            # ``known``: futures inside a DataProtoFuture the rank resolves itself. Its worker
-            # asks the scheduler for them by key, and a key the scheduler has not registered
-            # yet (a re-split task submitted a moment ago) is ignored there, so the rank
-            # would wait for good. Once done, every input is known to the scheduler (a direct
-            # result is finished only after its worker registered it).
             for dep in (*message.inputs, *message.known):
                 await self._wait_input(dep, message)
-            reply = await self._rpc(message)
         except BaseException as exc:
-            if message.seq is not None:
-                self._skip_now(message)
-            self._settle(message, None, exc)
+            self._failed(message, exc)
             return
-        self._settle(message, reply, _reply_error(reply))
+        self._send(message)
 
-    async def _rpc(self, message: _Message) -> dict:
+    def _send(self, message: _Message) -> None:
         if self._live.is_dead(message.slot):
-            raise lost_error(message.slot, message.ref)
+            self._failed(message, lost_error(message.slot, message.ref))
+            return
         channel = self._channels.get(message.address)
         if channel is None or channel.broken:
             channel = self._channels[message.address] = Channel(
                 message.address, self.client.connection_args
             )
-        try:
-            return await channel.request({"op": message.op, **message.msg})
-        except (CommClosedError, OSError) as exc:
-            # The stream broke first; the scheduler's word on the death follows within
-            # milliseconds. Wait for it, so liveness (and recover()) agree with the error.
-            deadline = self._loop.time() + DEATH_WAIT_S
-            while not self._live.is_dead(message.slot) and self._loop.time() < deadline:
-                await asyncio.sleep(0.01)
-            raise lost_error(message.slot, message.ref) from exc
+        channel.send({"op": message.op, **message.msg}, message, self._answered)
+
+    def _answered(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
+        if error is None:
+            self._settle(message, reply, _reply_error(reply))
+        elif self._closed:
+            self._settle(message, None, CommClosedError("the backend was shut down"))
+        elif isinstance(error, (CommClosedError, OSError)):
+            self._spawn(self._lost(message, error))
+        else:
+            self._failed(message, error)
+
+    async def _lost(self, message: _Message, error: BaseException) -> None:
+        """The stream broke first; the scheduler's word on the death follows within
+        milliseconds. Wait for it, so liveness (and ``recover()``) agree with the error."""
+        deadline = self._loop.time() + DEATH_WAIT_S
+        while not self._live.is_dead(message.slot) and self._loop.time() < deadline:
+            await asyncio.sleep(0.01)
+        lost = lost_error(message.slot, message.ref)
+        lost.__cause__ = error
+        self._failed(message, lost)
+
+    def _failed(self, message: _Message, error: BaseException) -> None:
+        """``message`` never ran: later calls on its instance must not wait for it."""
+        if message.seq is not None:
+            self._skip_now(message)
+        self._settle(message, None, error)
 
     async def _wait_input(self, dep: Future, message: _Message) -> None:
         while not await wait_future(dep, INPUT_POLL_S):
@@ -458,9 +480,11 @@ def _frame_bytes(packed: Serialized) -> int:
 class Channel:
     """One long-lived stream to a worker's ``hf_stream`` handler, shared by every message.
 
-    Messages posted in one turn of the event loop go out in one write; replies come back
-    in batches and are matched to their requests by id. Opening a connection per call
-    would cost a connect and a handshake each; keeping one per worker costs neither.
+    Messages sent in one turn of the event loop go out in one write; replies come back in
+    batches and are matched to their requests by id, each handed to its callback. Opening
+    a connection per call would cost a connect and a handshake each; keeping one per
+    worker costs neither. No task or future per message: a burst of calls costs the loop
+    one callback each.
     """
 
     def __init__(self, address: str, connection_args: dict) -> None:
@@ -468,20 +492,25 @@ class Channel:
         self.broken = False
         self._connection_args = connection_args
         self._ids = itertools.count()
-        self._waiting: dict[int, asyncio.Future] = {}
+        self._waiting: dict[int, tuple[Any, Callable[..., None]]] = {}
         self._outbox: list[dict] = []
         self._wake = asyncio.Event()
         self._comm: Any = None
         self.runner = asyncio.ensure_future(self._run())
 
-    async def request(self, msg: dict) -> dict:
+    def send(
+        self, msg: dict, context: Any, on_reply: Callable[[Any, dict | None, Any], None]
+    ) -> None:
+        """Send ``msg``; then ``on_reply(context, reply, None)``, or ``(context, None,
+        error)`` when the stream breaks first. Loop thread."""
+        if self.broken:
+            _deliver(context, on_reply, None, CommClosedError(f"stream to {self.address} closed"))
+            return
         ident = next(self._ids)
         msg["id"] = ident
-        reply = asyncio.get_running_loop().create_future()
-        self._waiting[ident] = reply
+        self._waiting[ident] = (context, on_reply)
         self._outbox.append(msg)
         self._wake.set()
-        return await reply
 
     def close(self) -> None:
         self._fail(CommClosedError(f"stream to {self.address} closed"))
@@ -512,8 +541,8 @@ class Channel:
             while True:
                 for reply in await self._comm.read():
                     waiter = self._waiting.pop(reply.pop("id"), None)
-                    if waiter is not None and not waiter.done():
-                        waiter.set_result(reply)
+                    if waiter is not None:
+                        _deliver(*waiter, reply, None)
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
@@ -527,6 +556,12 @@ class Channel:
         if not isinstance(exc, (CommClosedError, OSError)):
             exc = CommClosedError(f"stream to {self.address} failed: {exc!r}")
         waiting, self._waiting = self._waiting, {}
-        for waiter in waiting.values():
-            if not waiter.done():
-                waiter.set_exception(exc)
+        for context, on_reply in waiting.values():
+            _deliver(context, on_reply, None, exc)
+
+
+def _deliver(context: Any, on_reply: Callable[..., None], reply: Any, error: Any) -> None:
+    try:
+        on_reply(context, reply, error)
+    except Exception:  # a bug in handling one reply must not cost the stream the others
+        logger.exception("a reply could not be handled")
