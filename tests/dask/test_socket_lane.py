@@ -11,6 +11,7 @@ import contextlib
 import os
 import socket
 import threading
+import time
 
 import dask
 import pytest
@@ -18,7 +19,7 @@ import torch
 from distributed.protocol.serialize import Serialized, serialize
 
 import hybridflow_dask as hf
-from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends import DaskBackend, WorkerLostError
 from hybridflow_dask.backends.dask.socket_lane import Lane, LaneServer, lane_host
 from hybridflow_dask.backends.dask.wire import Framed, read_message, unpack, write_message
 
@@ -182,3 +183,58 @@ def test_the_driver_counts_the_bytes_it_sends_and_receives_either_way(lanes):
     group.double(hf.DataProto.from_dict({"x": x}))
     assert backend.driver_bytes["scattered"] - sent >= x.nbytes
     assert backend.driver_bytes["gathered"] - got >= x.nbytes
+
+
+class Queue(hf.Worker):
+    def __init__(self):
+        super().__init__()
+        self.ran: list[str] = []
+
+    @hf.register(hf.Dispatch.RANK_ZERO)
+    def hold(self, name: str, seconds: float) -> list[str]:
+        time.sleep(seconds)
+        self.ran.append(name)
+        return self.ran
+
+
+def test_a_lane_cut_while_its_worker_lives_fails_the_waiting_calls_and_skips_them(
+    hf_dask_cluster,
+):
+    """Calls in flight on a lane that breaks (the worker stays up) fail with
+    WorkerLostError saying the worker is alive; one still waiting its turn there does not
+    run, and the next call does not wait behind it."""
+    with dask.config.set({"hybridflow.socket-lane": True}):
+        backend = DaskBackend(cluster=hf_dask_cluster)
+    group = hf.WorkerGroup(hf.ResourcePool([1]), Queue, backend=backend)
+    try:
+        assert group.hold("warm", 0) == ["warm"]
+        outcomes: dict[str, BaseException | list] = {}
+
+        def call(name: str, seconds: float) -> None:
+            try:
+                outcomes[name] = group.hold(name, seconds)
+            except BaseException as exc:
+                outcomes[name] = exc
+
+        # "first" outlasts the wait for the scheduler's word on the worker (2 s), so the
+        # skip reaches the worker while "second" still waits there
+        first = threading.Thread(target=call, args=("first", 3.5))
+        first.start()
+        time.sleep(0.3)  # "first" runs; "second" will wait behind it
+        second = threading.Thread(target=call, args=("second", 0))
+        second.start()
+        time.sleep(0.3)
+        (lane,) = [lane for lane in backend._direct._lanes.values() if lane is not None]
+        lane.close()  # the connection breaks; the worker process is untouched
+        first.join(10)
+        second.join(10)
+        for name in ("first", "second"):
+            assert isinstance(outcomes[name], WorkerLostError), outcomes
+            assert "the worker is alive" in str(outcomes[name])
+        start = time.monotonic()
+        ran = group.hold("third", 0)  # a new lane; waits only for "first" to end
+        assert time.monotonic() - start < 5
+        assert ran == ["warm", "first", "third"]  # "second" was skipped, not run late
+    finally:
+        group.shutdown()
+        backend.shutdown()

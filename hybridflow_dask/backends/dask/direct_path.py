@@ -28,7 +28,6 @@ import contextlib
 import itertools
 import logging
 import threading
-import time
 import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -128,8 +127,9 @@ class DirectPath:
         self._lock = threading.Lock()
         self._outbox: list[_Message] = []
         #: Keys the scheduler does not know yet (non-blocking calls in flight, tasks held back
-        #: until their inputs are known), each with the event that says it now is.
-        self._unknown: dict[str, asyncio.Event] = {}
+        #: until their inputs are known), each with the event that says it now is (made
+        #: when a task first waits for it: most keys are announced before anyone does).
+        self._unknown: dict[str, asyncio.Event | None] = {}
         self._tasks: set[asyncio.Task] = set()
         self._channels: dict[str, Channel] = {}
 
@@ -257,7 +257,7 @@ class DirectPath:
     def expect(self, key: str) -> None:
         """``key`` will be known to the scheduler later; tasks needing it must wait."""
         with self._lock:
-            self._unknown[key] = asyncio.Event()
+            self._unknown[key] = None
 
     def announce(self, key: str) -> None:
         """``key`` is known to the scheduler now (or never will be). Loop thread."""
@@ -267,10 +267,14 @@ class DirectPath:
             event.set()
 
     async def until_known(self, future: Future) -> None:
+        """Wait until ``future``'s key is known to the scheduler. Loop thread."""
         with self._lock:
-            event = self._unknown.get(future.key)
-        if event is not None:
-            await event.wait()
+            if future.key not in self._unknown:
+                return
+            event = self._unknown[future.key]
+            if event is None:
+                event = self._unknown[future.key] = asyncio.Event()
+        await event.wait()
 
     # -- the socket lane (the caller's thread, then the lane's reader thread) -----------------
 
@@ -317,18 +321,13 @@ class DirectPath:
         self._settle(message, reply, error)
 
     def _lane_broken(self, pending: list[_Message]) -> None:
-        """The lane ended with calls unanswered: its worker died (or this path closed)."""
-        if not pending:
-            return
-        slot = pending[0].slot
-        deadline = time.monotonic() + DEATH_WAIT_S
-        while not self._closed and not self._live.is_dead(slot) and time.monotonic() < deadline:
-            time.sleep(0.01)
+        """The lane ended with calls unanswered: handled as a broken Dask stream is."""
+        error = ConnectionError("the socket lane closed")
         for message in pending:
-            if self._closed:
+            try:
+                self._loop.call_soon_threadsafe(self._answered, message, None, error)
+            except RuntimeError:  # the loop is closed: so is this path
                 self._settle(message, None, CommClosedError("the backend was shut down"))
-            else:
-                self._settle(message, None, lost_error(slot, message.ref))
 
     # -- the client's event loop -------------------------------------------------------------
 
@@ -389,12 +388,23 @@ class DirectPath:
             self._failed(message, error)
 
     async def _lost(self, message: _Message, error: BaseException) -> None:
-        """The stream broke first; the scheduler's word on the death follows within
-        milliseconds. Wait for it, so liveness (and ``recover()``) agree with the error."""
+        """The stream (or lane) broke first; the scheduler's word on the death follows
+        within milliseconds. Wait for it, so liveness (and ``recover()``) agree with the
+        error. A worker still alive then lost only the connection: the call is skipped
+        there like any call that failed before running (if it did arrive and is still
+        waiting its turn, it will not run; one already run is not affected)."""
         deadline = self._loop.time() + DEATH_WAIT_S
         while not self._live.is_dead(message.slot) and self._loop.time() < deadline:
             await asyncio.sleep(0.01)
-        lost = lost_error(message.slot, message.ref)
+        if self._live.is_dead(message.slot):
+            lost = lost_error(message.slot, message.ref)
+        else:
+            what = message.msg.get("method", message.op)
+            lost = WorkerLostError(
+                f"the connection to the Dask worker {message.address} broke during {what} "
+                f"(rank {message.ref.rank if message.ref else '?'}); the worker is alive, "
+                "and the call does not run there unless it had already started"
+            )
         lost.__cause__ = error
         self._failed(message, lost)
 
