@@ -50,6 +50,10 @@ class Lanes(hf.Worker):
     def later(self, value):
         return value
 
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double_later(self, data: hf.DataProto) -> hf.DataProto:
+        return hf.DataProto.from_dict({"x": data.batch["x"] * 2})
+
 
 # -- framing -------------------------------------------------------------------------------------
 
@@ -238,3 +242,43 @@ def test_a_lane_cut_while_its_worker_lives_fails_the_waiting_calls_and_skips_the
     finally:
         group.shutdown()
         backend.shutdown()
+
+
+@pytest.fixture
+def lane_ops(monkeypatch):
+    """The ``op`` of every message the driver writes on a lane (``None`` for a call)."""
+    ops: list[str | None] = []
+    request = Lane.request
+
+    def spy(self, msg, context):
+        ops.append(msg.get("op"))
+        return request(self, msg, context)
+
+    monkeypatch.setattr(Lane, "request", spy)
+    return ops
+
+
+def test_results_kept_on_workers_are_fetched_on_the_lane_where_there_is_one(lanes, lane_ops):
+    path, _, group = lanes
+    x = torch.arange(8192, dtype=torch.float32).reshape(128, 64)
+    future = group.double_later(hf.DataProto.from_dict({"x": x}))
+    assert lane_ops == []  # a non-blocking call goes through the loop's stream
+    out = hf.get(future)
+    assert torch.equal(out.batch["x"], x * 2)
+    assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])
+
+
+def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_ops, monkeypatch):
+    """The driver asks the wrong worker (as if the key had moved): that worker answers
+    without it, and Dask's gather brings it."""
+    path, backend, group = lanes
+    future = group.double_later(hf.DataProto.from_dict({"x": torch.ones(64, 4)}))
+    parts = future.parts
+    backend.gather(parts[:0])  # nothing: no message at all
+    assert lane_ops == []
+    slots = [backend._live.slot_of(part.key) for part in parts]
+    swapped = dict(zip([p.key for p in parts], reversed(slots)))
+    monkeypatch.setattr(backend._live, "slot_of", swapped.get)
+    halves = backend.gather(parts)
+    assert [torch.equal(h.batch["x"], torch.full((32, 4), 2.0)) for h in halves] == [True, True]
+    assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])

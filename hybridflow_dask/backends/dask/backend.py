@@ -383,8 +383,12 @@ class DaskBackend:
                     raise lost
         values = [self._at_hand(f) for f in futures]
         remote = [f for f, v in zip(futures, values) if v is _FETCH]
-        fetched = iter(self.client.gather(remote, direct=True) if remote else [])
-        values = [next(fetched) if v is _FETCH else v for v in values]
+        on_lanes = self._direct.fetch(remote) if self._direct and remote else {}
+        rest = [f for f in remote if f.key not in on_lanes]
+        fetched = dict(on_lanes)
+        if rest:
+            fetched.update(zip((f.key for f in rest), self.client.gather(rest, direct=True)))
+        values = [fetched[f.key] if v is _FETCH else v for f, v in zip(futures, values)]
         self.driver_bytes["gathered"] += sum(
             sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
         )

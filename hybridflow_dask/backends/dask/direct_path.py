@@ -244,6 +244,39 @@ class DirectPath:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
 
+    def fetch(self, futures: Sequence[Future]) -> dict[str, Any]:
+        """The values of finished ``futures`` whose workers have a lane, fetched on it (a
+        plain socket read into fresh memory: about three times faster than Dask's comm
+        for tens of MiB here). Those it cannot fetch (not ours, no lane, moved away, an
+        error on the way) are left out: Dask gathers them. Raises ``WorkerLostError``
+        when a holder died. From the caller's thread."""
+        by_slot: dict[Slot, list[str]] = {}
+        for future in futures:
+            slot = self._live.slot_of(future.key)
+            if slot is not None:
+                by_slot.setdefault(slot, []).append(future.key)
+        asked: list[ReplyFuture] = []
+        for slot, keys in by_slot.items():
+            lane = self._lane(slot)
+            if lane is None:
+                continue
+            answer = ReplyFuture("fetch")
+            msg = {"op": "fetch", "keys": keys}
+            try:
+                lane.request(msg, _Message("hf_fetch", slot, None, None, msg, [], answer))
+            except ConnectionError:
+                continue
+            asked.append(answer)
+        values: dict[str, Any] = {}
+        for answer in asked:
+            try:
+                values.update(answer.result())
+            except WorkerLostError:
+                raise
+            except Exception as exc:
+                logger.debug("fetching on a lane failed, Dask gathers instead: %r", exc)
+        return values
+
     def plain_result(self, future: Future, default: Any) -> Any:
         """The result of ``future`` if it came back with its reply, else ``default``."""
         with self._lock:
@@ -316,8 +349,8 @@ class DirectPath:
             try:
                 reply["result"] = unpack(reply.get("result"))
             except Exception as exc:
-                method = message.msg["method"]
-                error = TypeError(f"the result of {method} cannot be read here: {exc!r}")
+                what = message.msg.get("method", "a fetch")
+                error = TypeError(f"the result of {what} cannot be read here: {exc!r}")
         self._settle(message, reply, error)
 
     def _lane_broken(self, pending: list[_Message]) -> None:

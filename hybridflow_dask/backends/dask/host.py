@@ -70,6 +70,8 @@ PLUGIN_NAME = "hybridflow-host"
 CALL_TOPIC = "hybridflow-call"
 #: How long finished direct calls gather before they go to the dashboard in one event.
 CALL_LOG_INTERVAL_S = 0.05
+#: How long a fetch on the socket lane waits for the worker's event loop.
+FETCH_TIMEOUT_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -337,11 +339,35 @@ class InstanceHost(WorkerPlugin):
             return {"status": "OK", "result": None}
         with self._lock:
             if self._lane is None:
-                self._lane = LaneServer(host, self.lane_call)
+                self._lane = LaneServer(host, self.lane_message)
             lane = self._lane
         return {"status": "OK", "result": (lane.port, lane.token)}
 
     # -- the socket lane (its connection's thread, then the actor's) ------------------------
+
+    def lane_message(self, msg: dict, reply: Callable[[dict], None]) -> None:
+        if msg.get("op") == "fetch":
+            self.lane_fetch(msg, reply)
+        else:
+            self.lane_call(msg, reply)
+
+    def lane_fetch(self, msg: dict, reply: Callable[[dict], None]) -> None:
+        """Results this worker holds, taken from its memory on its event loop (where Dask
+        touches it) and written from the lane's thread, so a large reply never holds up
+        the loop. Keys it no longer holds are left out; the driver asks Dask for those."""
+        keys = msg["keys"]
+
+        async def held() -> dict:
+            data = self.worker.data
+            return {key: data[key] for key in keys if key in data}
+
+        try:
+            values = asyncio.run_coroutine_threadsafe(held(), self._loop).result(FETCH_TIMEOUT_S)
+            payload = pack(values, "the fetched results", back=True)
+        except BaseException as exc:
+            reply({"id": msg["id"], "status": "error", "exception": _sendable(exc)})
+            return
+        reply({"id": msg["id"], "status": "OK", "result": payload})
 
     def lane_call(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """A blocking call from the lane: handed to the actor; answered from its thread."""
