@@ -5,7 +5,9 @@ DP_COMPUTE_PROTO identity round trips of 64 and 256 MiB (GB/s = 2 x bytes / time
 64 MiB non-blocking chain A -> B on separate pools (2 + 2), backend + group of 2 ready
 (from nothing to the first call answered, a fresh runtime each time) and back-to-back
 non-blocking no-op calls with order kept (calls/s). Our side runs first, then verl's, so
-the two runtimes never compete for the CPUs; every figure is a median of that one run.
+the two runtimes never compete for the CPUs; every figure is a median of that one run
+(7 timed repeats per case; each data size first gets two untimed calls, on both sides,
+so that a median does not rest on the process's first touches of that much memory).
 
 verl and ray come with the optional extra ``compare`` (``pip install -e '.[compare]'``);
 without them only our side runs, with a message saying so. verl 0.9.1 has no predefined
@@ -50,6 +52,7 @@ class Plan:
     noop_calls: int = 200
     noop_warm: int = 20
     sizes_mib: list[int] = field(default_factory=lambda: [64, 256])
+    data_warm: int = 2
     data_repeats: int = 7
     chain_mib: int = 64
     chain_repeats: int = 7
@@ -63,6 +66,7 @@ class Plan:
             noop_calls=20,
             noop_warm=5,
             sizes_mib=[1],
+            data_warm=1,
             data_repeats=3,
             chain_mib=1,
             chain_repeats=3,
@@ -330,6 +334,7 @@ def run_side(side: Any, plan: Plan, log: Callable[[str], None]) -> dict[str, dic
         for mib in plan.sizes_mib:
             tensor = torch.randn(ROWS, mib * MiB // (ROWS * 4))
             data = side.data(tensor)
+            timed(lambda d=data: group.identity(d), plan.data_warm)  # first touches of memory
             times = timed(lambda d=data: group.identity(d), plan.data_repeats)
             nbytes = tensor.numel() * tensor.element_size()
             results[f"DP_COMPUTE_PROTO identity {mib} MiB"] = summary(
