@@ -102,3 +102,29 @@ def test_a_key_stored_on_a_worker_and_registered_is_an_ordinary_future(hf_dask_b
     while key in client.run_on_scheduler(lambda dask_scheduler: list(dask_scheduler.tasks)):
         assert time.monotonic() < deadline
         time.sleep(0.05)
+
+
+def _slow(x, seconds):
+    time.sleep(seconds)
+    return x
+
+
+def test_waiting_for_futures_in_order_returns_when_all_are_done_or_at_the_timeout(
+    hf_dask_backend,
+):
+    """``wait_all`` reads each future's state and waits on its event (the client's
+    ``FutureState``), one future after another."""
+    from hybridflow_dask.backends.dask.internals import wait_all
+
+    client = hf_dask_backend.client
+    quick = [client.submit(_slow, i, 0, pure=False) for i in range(5)]
+    slow = client.submit(_slow, 9, 3.0, pure=False)
+    start = time.monotonic()
+    client.sync(wait_all, [*quick, slow], 0.5)  # times out on the slow one
+    assert 0.4 < time.monotonic() - start < 2.5
+    assert all(f.done() for f in quick) and not slow.done()
+    client.sync(wait_all, [*quick, slow], 30)
+    assert slow.done() and slow.result() == 9
+    start = time.monotonic()
+    client.sync(wait_all, [*quick, slow], 30)  # all done already: no wait at all
+    assert time.monotonic() - start < 0.5

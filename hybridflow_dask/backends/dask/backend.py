@@ -25,7 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from dask.sizeof import sizeof
-from distributed import Client, Future, wait
+from distributed import Client, Future
 
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
@@ -45,7 +45,7 @@ from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .direct_path import DirectPath, ReplyFuture
 from .host import InstanceHost, WorkerRunner, count_instances, probe_worker, worker_port
-from .internals import fail_future, future_state, pending_future
+from .internals import fail_future, future_state, pending_future, wait_all
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
 from .task_path import TaskPath
@@ -603,10 +603,7 @@ def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
     remote = [f for f in futures if isinstance(f, Future)]
     replies = [f for f in futures if isinstance(f, ReplyFuture)]
     if remote:
-        # distributed.wait raises on a timeout and on cancelled futures; outcomes are read
-        # from the futures afterwards either way.
-        with contextlib.suppress(Exception), client.as_current():
-            wait(remote, timeout=timeout)
+        client.sync(wait_all, remote, timeout)
     left = deadline - time.monotonic()
     if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
         concurrent.futures.wait(

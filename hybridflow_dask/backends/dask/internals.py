@@ -15,7 +15,7 @@ for real and fails loudly when a Dask release changes it; ``pyproject.toml`` bou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Future
@@ -31,6 +31,7 @@ __all__ = [
     "pending_future",
     "register_keys",
     "submit_as",
+    "wait_all",
     "wait_future",
     "worker_client_of",
 ]
@@ -109,6 +110,22 @@ async def wait_future(future: Future, timeout: float | None = None) -> bool:
     except asyncio.TimeoutError:
         return False
     return True
+
+
+async def wait_all(futures: Sequence[Future], timeout: float) -> None:
+    """Wait (on the client's loop) until every one of ``futures`` is done, or ``timeout``.
+
+    One at a time, in their order: results that finish about in order (a burst of calls)
+    cost a wait or two, where ``distributed.wait`` starts a task per future every time.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout
+    for future in futures:
+        if future.done():
+            continue
+        left = deadline - loop.time()
+        if left <= 0 or not await wait_future(future, left):
+            return
 
 
 async def register_keys(worker: Any, nbytes: dict[str, int], client_id: str) -> None:
