@@ -129,6 +129,28 @@ def test_an_input_lost_with_its_worker_fails_the_chain_but_not_the_consumer(path
         backend.shutdown()
 
 
+@pytest.mark.parametrize("path", PATHS)
+def test_a_kept_result_whose_worker_died_fails_its_gather_naming_the_rank(path, plain_cluster):
+    """The result is finished and kept on its worker when the worker is killed: gathering
+    it is a WorkerLostError within 5 s (not Dask's cancellation, and on the task path not
+    a wait for the dead worker to recompute it)."""
+    backend = make_backend(path, cluster=plain_cluster)
+    try:
+        producer = hf.WorkerGroup(hf.ResourcePool([1]), Producer, backend=backend)
+        kept = producer.make(rows(1 << 18))  # 1 MiB: kept on the worker, fetched on gather
+        deadline = time.monotonic() + 10
+        while not all(part.done() for part in kept.parts):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(_pid_of(backend, producer), signal.SIGKILL)
+        start = time.monotonic()
+        with pytest.raises(WorkerLostError, match=r"rank 0 of worker group"):
+            hf.get(kept)
+        assert time.monotonic() - start < 5
+    finally:
+        backend.shutdown()
+
+
 def _pid_of(backend: DaskBackend, group: hf.WorkerGroup) -> int:
     address = group._refs[0].slot.address
     return backend.client.run(os.getpid, workers=[address])[address]

@@ -276,9 +276,9 @@ def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_
     parts = future.parts
     backend.gather(parts[:0])  # nothing: no message at all
     assert lane_ops == []
-    slots = [backend._live.slot_of(part.key) for part in parts]
-    swapped = dict(zip([p.key for p in parts], reversed(slots)))
-    monkeypatch.setattr(backend._live, "slot_of", swapped.get)
+    placed = [backend._live.placed(part.key) for part in parts]
+    swapped = dict(zip([p.key for p in parts], reversed(placed)))
+    monkeypatch.setattr(backend._live, "placed", swapped.get)
     halves = backend.gather(parts)
     assert [torch.equal(h.batch["x"], torch.full((32, 4), 2.0)) for h in halves] == [True, True]
     assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])

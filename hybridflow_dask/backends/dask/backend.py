@@ -43,7 +43,7 @@ from .config import (
 )
 from .connect import open_client
 from .dashboard import GROUP_DATASET, register_group_monitor, task_key
-from .direct_path import DirectPath, ReplyFuture
+from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .host import InstanceHost, WorkerRunner, count_instances, probe_worker, worker_port
 from .internals import fail_future, future_state, pending_future, wait_all
 from .liveness import Liveness, TopicFanOut, futures_in
@@ -387,12 +387,41 @@ class DaskBackend:
         rest = [f for f in remote if f.key not in on_lanes]
         fetched = dict(on_lanes)
         if rest:
-            fetched.update(zip((f.key for f in rest), self.client.gather(rest, direct=True)))
+            fetched.update(zip((f.key for f in rest), self._gather_from_dask(rest)))
         values = [fetched[f.key] if v is _FETCH else v for f, v in zip(futures, values)]
         self.driver_bytes["gathered"] += sum(
             sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
         )
         return values
+
+    def _gather_from_dask(self, futures: list[Future]) -> list[Any]:
+        """Dask's gather, watched: a result lost with its worker meanwhile is a
+        ``WorkerLostError`` naming the rank, not Dask's cancellation or a wait for a
+        worker that never comes back (a pinned task's result is recomputed only there)."""
+        self._live.raise_if_lost(futures)
+        coroutine = self.client.gather(futures, direct=True, asynchronous=True)
+        running = asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
+        while True:
+            try:
+                return running.result(POLL_S)
+            except concurrent.futures.TimeoutError:
+                self._check_open("gather results")
+                lost = self._first_lost(futures)
+                if lost is not None:
+                    running.cancel()
+                    raise lost from None
+            except concurrent.futures.CancelledError as exc:
+                # The scheduler cancels a dead worker's keys; its word on the death itself
+                # (which names the rank) follows within milliseconds.
+                deadline = time.monotonic() + DEATH_WAIT_S
+                while (lost := self._first_lost(futures)) is None:
+                    if time.monotonic() > deadline:
+                        raise
+                    time.sleep(0.01)
+                raise lost from exc
+
+    def _first_lost(self, futures: list[Future]) -> WorkerLostError | None:
+        return next(filter(None, map(self._live.lost, futures)), None)
 
     def _at_hand(self, f: Any) -> Any:
         """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""

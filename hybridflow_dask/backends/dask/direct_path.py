@@ -250,20 +250,20 @@ class DirectPath:
         for tens of MiB here). Those it cannot fetch (not ours, no lane, moved away, an
         error on the way) are left out: Dask gathers them. Raises ``WorkerLostError``
         when a holder died. From the caller's thread."""
-        by_slot: dict[Slot, list[str]] = {}
+        by_slot: dict[Slot, tuple[InstanceRef | None, list[str]]] = {}
         for future in futures:
-            slot = self._live.slot_of(future.key)
-            if slot is not None:
-                by_slot.setdefault(slot, []).append(future.key)
+            placed = self._live.placed(future.key)
+            if placed is not None:
+                by_slot.setdefault(placed[0], (placed[1], []))[1].append(future.key)
         asked: list[ReplyFuture] = []
-        for slot, keys in by_slot.items():
+        for slot, (ref, keys) in by_slot.items():
             lane = self._lane(slot)
             if lane is None:
                 continue
             answer = ReplyFuture("fetch")
             msg = {"op": "fetch", "keys": keys}
             try:
-                lane.request(msg, _Message("hf_fetch", slot, None, None, msg, [], answer))
+                lane.request(msg, _Message("hf_fetch", slot, ref, None, msg, [], answer))
             except ConnectionError:
                 continue
             asked.append(answer)

@@ -83,9 +83,11 @@ class Liveness:
     def is_dead(self, slot: Slot) -> bool:
         return slot.worker_id in self._dead
 
-    def slot_of(self, key: str) -> Slot | None:
-        """Where the task behind ``key`` ran (so where its result is), if it is ours."""
-        return self._tasks.get(key, _NOTHING)[0]
+    def placed(self, key: str) -> tuple[Slot, InstanceRef | None] | None:
+        """Where the task behind ``key`` ran (so where its result is) and for which
+        instance, if it is ours."""
+        slot, ref, _ = self._tasks.get(key, _NOTHING)
+        return None if slot is None else (slot, ref)
 
     def known(self, address: str) -> bool:
         """Whether the process now at ``address`` has been probed (and is not dead)."""
