@@ -73,13 +73,16 @@ def cat_rows(parts: Sequence[Any]) -> Any:
 
 def _plain_leaves(parts: Sequence[Any]) -> dict[Any, list[torch.Tensor]] | None:
     """Each leaf's tensors across ``parts``, or ``None`` when the plain join does not fit:
-    small in all, more than one batch dimension, a leaf that is not a plain CPU tensor (a
-    non-tensor, one that records gradients), or leaves whose dtype or trailing shape
-    differ."""
+    small in all, more than one batch dimension, entries that differ between parts, a leaf
+    that is not a plain CPU tensor (a non-tensor, one that records gradients), or leaves
+    whose dtype or trailing shape differ."""
     first = parts[0]
     if len(first.batch_size) != 1 or any(len(p.batch_size) != 1 for p in parts):
         return None
-    for key in first.keys(include_nested=True):
+    names = set(first.keys(include_nested=True))
+    if any(set(part.keys(include_nested=True)) != names for part in parts[1:]):
+        return None  # torch.cat says what differs
+    for key in names:
         value = first.get(key)
         if type(value) is torch.Tensor:
             continue

@@ -87,6 +87,11 @@ def test_small_or_unusual_batches_are_joined_by_torch_cat(monkeypatch):
         "grad": [TensorDict({"x": torch.ones(big, 4, requires_grad=True)}, batch_size=[big])] * 2,
         "two dims": [TensorDict({"x": torch.ones(big, 2, 2)}, batch_size=[big, 2])] * 2,
     }
+    tagged = TensorDict({"x": torch.ones(big, 4)}, [big])
+    tagged.set("tag", NonTensorData("a", batch_size=[big]))
+    with pytest.raises(Exception):  # noqa: B017 (torch.cat's own error, whatever its type)
+        cat_rows([TensorDict({"x": torch.ones(big, 4)}, [big]), tagged])
+    assert advised == []  # an entry only the second part has is not dropped silently
     for name, parts in cases.items():
         joined = cat_rows(parts)
         assert joined.batch_size[0] == 2 * parts[0].batch_size[0], name

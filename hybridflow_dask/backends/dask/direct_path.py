@@ -255,7 +255,7 @@ class DirectPath:
             placed = self._live.placed(future.key)
             if placed is not None:
                 by_slot.setdefault(placed[0], (placed[1], []))[1].append(future.key)
-        asked: list[ReplyFuture] = []
+        asked: list[tuple[Slot, ReplyFuture]] = []
         for slot, (ref, keys) in by_slot.items():
             lane = self._lane(slot)
             if lane is None:
@@ -266,14 +266,14 @@ class DirectPath:
                 lane.request(msg, _Message("hf_fetch", slot, ref, None, msg, [], answer))
             except ConnectionError:
                 continue
-            asked.append(answer)
+            asked.append((slot, answer))
         values: dict[str, Any] = {}
-        for answer in asked:
+        for slot, answer in asked:
             try:
                 values.update(answer.result())
-            except WorkerLostError:
-                raise
             except Exception as exc:
+                if self._live.is_dead(slot):
+                    raise
                 logger.debug("fetching on a lane failed, Dask gathers instead: %r", exc)
         return values
 
@@ -411,14 +411,13 @@ class DirectPath:
         channel.send({"op": message.op, **message.msg}, message, self._answered)
 
     def _answered(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
+        """A message's reply, or the error that its stream (or lane) broke. Loop thread."""
         if error is None:
             self._settle(message, reply, _reply_error(reply))
         elif self._closed:
             self._settle(message, None, CommClosedError("the backend was shut down"))
-        elif isinstance(error, (CommClosedError, OSError)):
-            self._spawn(self._lost(message, error))
         else:
-            self._failed(message, error)
+            self._spawn(self._lost(message, error))
 
     async def _lost(self, message: _Message, error: BaseException) -> None:
         """The stream (or lane) broke first; the scheduler's word on the death follows
