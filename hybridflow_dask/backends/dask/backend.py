@@ -407,23 +407,20 @@ class DaskBackend:
                     return running.result(POLL_S)
                 except concurrent.futures.TimeoutError:
                     self._check_open("gather results")
-                    lost = self._first_lost(futures)
+                    lost = self._live.first_lost(futures)
                     if lost is not None:
                         raise lost from None
         except concurrent.futures.CancelledError as exc:
             # The scheduler cancels a dead worker's keys; its word on the death itself
             # (which names the rank) follows within milliseconds.
             deadline = time.monotonic() + DEATH_WAIT_S
-            while (lost := self._first_lost(futures)) is None:
+            while (lost := self._live.first_lost(futures)) is None:
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(0.01)
             raise lost from exc
         finally:
             running.cancel()  # (a no-op once it is done)
-
-    def _first_lost(self, futures: list[Future]) -> WorkerLostError | None:
-        return next(filter(None, map(self._live.lost, futures)), None)
 
     def _at_hand(self, f: Any) -> Any:
         """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""

@@ -321,7 +321,6 @@ class DirectPath:
         if self._live.is_dead(slot):  # its lane, if any, is closed: forget it
             lanes.pop(process, None)
             return None
-        process = (slot.address, slot.worker_id)
         lane = lanes.get(process, _UNASKED)
         if lane is None or (lane is not _UNASKED and not lane.broken):
             return lane

@@ -365,7 +365,7 @@ class InstanceHost(WorkerPlugin):
             values = asyncio.run_coroutine_threadsafe(held(), self._loop).result(FETCH_TIMEOUT_S)
             payload = pack(values, "the fetched results", back=True)
         except BaseException as exc:
-            reply({"id": msg["id"], "status": "error", "exception": _sendable(exc)})
+            reply(_lane_error(msg["id"], exc))
             return
         reply({"id": msg["id"], "status": "OK", "result": payload})
 
@@ -374,7 +374,7 @@ class InstanceHost(WorkerPlugin):
         ident, driver, seq, method = msg["id"], msg["driver"], msg["seq"], msg["method"]
 
         def fail(exc: BaseException) -> None:
-            reply({"id": ident, "status": "error", "exception": _sendable(exc)})
+            reply(_lane_error(ident, exc))
 
         try:
             actor = self.actor(msg["instance"])
@@ -580,6 +580,11 @@ async def _wrap(future: Any) -> Any:
 
 def _error_reply(exc: BaseException) -> dict:
     return {"status": "error", "exception": to_serialize(_sendable(exc))}
+
+
+def _lane_error(ident: int, exc: BaseException) -> dict:
+    """A socket-lane reply carrying ``exc`` (the lane pickles it as it is)."""
+    return {"id": ident, "status": "error", "exception": _sendable(exc)}
 
 
 def _sendable(exc: BaseException) -> BaseException:

@@ -99,12 +99,15 @@ class Liveness:
 
     def raise_if_lost(self, futures: Sequence[Any]) -> None:
         """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
+        error = self.first_lost(futures)
+        if error is not None:
+            raise error
+
+    def first_lost(self, futures: Sequence[Any]) -> WorkerLostError | None:
+        """Why the first of ``futures`` that can never finish cannot, or ``None``."""
         if not self._dead:
-            return
-        for fut in futures:
-            error = self.lost(fut)
-            if error is not None:
-                raise error
+            return None
+        return next(filter(None, map(self.lost, futures)), None)
 
     def lost(self, fut: Any) -> WorkerLostError | None:
         """Why ``fut`` can never finish (its worker, or an input's, died), or ``None``."""
