@@ -69,9 +69,9 @@ def test_a_message_with_frames_arrives_whole_and_deserializes():
     msg = {"id": 7, "method": "m", "args": Serialized(*serialize((tensor,))), "small": None}
     writer = threading.Thread(target=write_message, args=(a.sendall, msg))
     writer.start()
-    got = read_message(stream)
+    got, copied = read_message(stream)
     writer.join()
-    assert got["id"] == 7 and got["small"] is None
+    assert got["id"] == 7 and got["small"] is None and not copied
     assert isinstance(got["args"], Framed)
     (back,) = unpack(got["args"])
     assert torch.equal(back, tensor)

@@ -37,6 +37,7 @@ from .config import (
     freeze_gc,
     fresh_processes,
     max_local_workers,
+    same_host_copy,
     scatter_threshold,
     share_colocated_inputs,
     socket_lane,
@@ -125,6 +126,7 @@ class DaskBackend:
                 self._live,
                 share=share,
                 lanes=socket_lane(),
+                same_host_copy=same_host_copy(),
                 counts=self.driver_bytes,
             )
             if call_path() == "direct"

@@ -54,6 +54,11 @@ def socket_lane() -> bool:
     return bool(dask.config.get("hybridflow.socket-lane"))
 
 
+def same_host_copy() -> bool:
+    """Whether lanes may copy large frames between the processes' memories."""
+    return bool(dask.config.get("hybridflow.same-host-copy"))
+
+
 def freeze_gc() -> None:
     """``gc.freeze()`` what is alive now, once per process, unless ``hybridflow.freeze-gc``
     is false. Once only: a later freeze would also pin the cyclic garbage of the program's

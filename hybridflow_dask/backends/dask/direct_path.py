@@ -109,6 +109,7 @@ class DirectPath:
         *,
         share: bool,
         lanes: bool,
+        same_host_copy: bool,
         counts: dict[str, int],
     ) -> None:
         self.client = client
@@ -120,6 +121,7 @@ class DirectPath:
         #: Each worker process's socket lane (by address and worker id), or ``None``: it has none.
         self._lanes: dict[tuple[str, str], Lane | None] | None = {} if lanes else None
         self._lanes_lock = threading.Lock()
+        self._same_host_copy = same_host_copy
         self._closed = False
         #: Plain results of non-blocking calls, sent along with their replies.
         self._plain: weakref.WeakKeyDictionary[Future, Any] = weakref.WeakKeyDictionary()
@@ -337,7 +339,9 @@ class DirectPath:
                 return None
             port, token = offer
             host = lane_host(slot.address)
-            return Lane(host, port, token, self._lane_reply, self._lane_broken)
+            return Lane(
+                host, port, token, self._lane_reply, self._lane_broken, self._same_host_copy
+            )
         except Exception as exc:  # no lane, for this process: its calls use the Dask comm
             logger.debug("no socket lane to %s: %r", slot.address, exc)
             return None

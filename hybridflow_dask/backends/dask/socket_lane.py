@@ -11,6 +11,12 @@ round trip here, against over a millisecond through the loops).
 The lane is learned over the worker's Dask comm (its port and a random token the
 connecting side must present first), so it is no more open than that comm. Clusters
 whose comms are encrypted (``tls://``) or not TCP keep every call on the Dask comm.
+
+When both ends share a host and may read each other's memory (checked as the lane
+opens, see ``same_host``), large frames are not written to the socket at all: the reader
+copies them out of the sender's memory, then sends ``release`` so that the sender may
+drop (or change) them. A worker's instance waits for that, as it would wait for a
+socket write to finish, so the next call cannot change a result still being copied.
 """
 
 from __future__ import annotations
@@ -21,12 +27,14 @@ import itertools
 import logging
 import secrets
 import socket
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from distributed.comm.addressing import parse_address, parse_host_port
 
+from .same_host import Probe, can_read, supported
 from .wire import read_message, write_message
 
 __all__ = ["Lane", "LaneServer", "lane_host"]
@@ -37,6 +45,20 @@ logger = logging.getLogger(__name__)
 CONNECT_TIMEOUT_S = 5.0
 TOKEN_BYTES = 16
 _BUFFER = 1 << 16
+# Opening a lane: the driver sends the token and where its memory holds a copy of it
+# (process id and address; 0, 0 when it will not copy); the worker answers whether it
+# could read that, and offers the same; the driver answers whether it could.
+_OFFER = struct.Struct("!qQ")
+_ANSWER = struct.Struct("!?qQ")
+_YES = struct.Struct("!?")
+_RELEASE = "release"
+
+
+def _recv(sock: socket.socket, size: int) -> bytes:
+    data = sock.recv(size, socket.MSG_WAITALL)
+    if len(data) != size:
+        raise ConnectionError("the lane closed while opening")
+    return data
 
 
 def lane_host(address: str) -> str | None:
@@ -64,6 +86,7 @@ class LaneServer:
         self._listener = socket.create_server((host, 0), family=family)
         self.port: int = self._listener.getsockname()[1]
         self.token = secrets.token_bytes(TOKEN_BYTES)
+        self._probe = Probe(self.token) if supported() else None
         self._handle = handle
         self._conns: set[socket.socket] = set()
         self._lock = threading.Lock()
@@ -97,24 +120,45 @@ class LaneServer:
 
     def _serve(self, conn: socket.socket) -> None:
         write_lock = threading.Lock()
+        serving = threading.get_ident()
+        held: dict[Any, list[Any]] = {}  # reply id -> [copied event, frames left in place]
+        leave_in_place = False
 
         def reply(answer: dict) -> None:
+            entry = held[answer["id"]] = [threading.Event(), None]
             try:
                 with write_lock:
-                    write_message(conn.sendall, answer)
+                    entry[1] = write_message(conn.sendall, answer, leave_in_place=leave_in_place)
             except OSError as exc:  # the driver went away; nobody waits for this answer
                 logger.debug("lane reply not sent: %r", exc)
+            if not entry[1]:
+                held.pop(answer["id"], None)
+            elif threading.get_ident() != serving:  # (the serving thread reads the release)
+                entry[0].wait()
 
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
-            token = conn.recv(TOKEN_BYTES, socket.MSG_WAITALL)
-            if not hmac.compare_digest(token, self.token):
+            if not hmac.compare_digest(_recv(conn, TOKEN_BYTES), self.token):
                 return
+            pid, address = _OFFER.unpack(_recv(conn, _OFFER.size))
+            pull_from = pid if can_read(pid, address, self.token) else None
+            probe = self._probe if pid else None
+            conn.sendall(
+                _ANSWER.pack(
+                    pull_from is not None, probe.pid if probe else 0, probe.address if probe else 0
+                )
+            )
+            (leave_in_place,) = _YES.unpack(_recv(conn, _YES.size))
             conn.settimeout(None)
             _nodelay(conn)
             stream = conn.makefile("rb", buffering=_BUFFER)
             while True:
-                msg = read_message(stream)
+                msg, _ = read_message(stream, pull_from)
+                if msg.get("op") == _RELEASE:
+                    entry = held.pop(msg["id"], None)
+                    if entry is not None:
+                        entry[0].set()
+                    continue
                 try:
                     self._handle(msg, reply)
                 except Exception as exc:  # a bug on our side: the caller still gets an answer
@@ -128,6 +172,9 @@ class LaneServer:
                 self._conns.discard(conn)
             with contextlib.suppress(OSError):
                 conn.close()
+            for entry in list(held.values()):  # nobody will copy them now
+                entry[0].set()
+            held.clear()
 
 
 class Lane:
@@ -136,6 +183,7 @@ class Lane:
 
     ``on_broken(pending)`` is called once, in the reader thread, with the requests still
     waiting when the connection ends (their worker died, or the lane was closed).
+    ``same_host=False`` never copies frames between the processes' memories.
     """
 
     def __init__(
@@ -145,15 +193,24 @@ class Lane:
         token: bytes,
         on_reply: Callable[[Any, dict], None],
         on_broken: Callable[[list[Any]], None],
+        same_host: bool = True,
     ) -> None:
         self._sock = _nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
-        self._sock.sendall(token)
+        probe = Probe(token) if same_host and supported() else None
+        self._sock.sendall(
+            token + _OFFER.pack(probe.pid, probe.address) if probe else token + _OFFER.pack(0, 0)
+        )
+        self._leave_in_place, pid, address = _ANSWER.unpack(_recv(self._sock, _ANSWER.size))
+        self._pull_from = pid if probe and can_read(pid, address, token) else None
+        self._sock.sendall(_YES.pack(self._pull_from is not None))
         self._sock.settimeout(None)
         self._on_reply, self._on_broken = on_reply, on_broken
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
-        self._waiting: dict[int, Any] = {}
+        # id -> (context, request): a request's frames may stay in our memory until the
+        # worker has copied them, which it does before it answers.
+        self._waiting: dict[int, tuple[Any, dict]] = {}
         self.broken = False
         self._reader = threading.Thread(target=self._read, name="hybridflow-lane", daemon=True)
         self._reader.start()
@@ -167,11 +224,11 @@ class Lane:
             if self.broken:
                 raise ConnectionError("the lane is closed")
             ident = next(self._ids)
-            self._waiting[ident] = context
+            self._waiting[ident] = (context, msg)
         msg["id"] = ident
         try:
             with self._write_lock:
-                write_message(self._sock.sendall, msg)
+                write_message(self._sock.sendall, msg, leave_in_place=self._leave_in_place)
         except OSError:
             self.close()  # the reader ends and reports this request with the others
 
@@ -183,18 +240,23 @@ class Lane:
         try:
             stream = self._sock.makefile("rb", buffering=_BUFFER)
             while True:
-                reply = read_message(stream)
+                reply, copied = read_message(stream, self._pull_from)
+                ident = reply.pop("id")
+                if copied:  # the worker may drop them now
+                    with self._write_lock:
+                        write_message(self._sock.sendall, {"op": _RELEASE, "id": ident})
                 with self._lock:
-                    context = self._waiting.pop(reply.pop("id"), None)
-                if context is not None:
-                    self._on_reply(context, reply)
+                    waiting = self._waiting.pop(ident, None)
+                if waiting is not None:
+                    self._on_reply(waiting[0], reply)
         except (EOFError, OSError):
             pass
         except Exception:  # a reply that cannot be read: the lane is no longer usable
             logger.exception("lane to a worker failed")
         with self._lock:
             self.broken = True
-            pending, self._waiting = list(self._waiting.values()), {}
+            pending = [context for context, _ in self._waiting.values()]
+            self._waiting = {}
         with contextlib.suppress(OSError):
             self._sock.close()
         self._on_broken(pending)

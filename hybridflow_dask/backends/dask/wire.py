@@ -18,7 +18,10 @@ from typing import Any, BinaryIO
 import numpy
 from distributed.protocol.serialize import Serialized, deserialize, serialize
 
+from .same_host import address_of, pull
+
 __all__ = [
+    "LEAVE_MIN",
     "Framed",
     "is_plain",
     "pack",
@@ -82,10 +85,16 @@ def _encodes(text: str) -> bool:
 # as raw frames, each written straight from the tensor's memory and read into one buffer
 # of its exact size; everything else is in one pickle. On the wire:
 # [meta length, frame count] [frame lengths] [pickled dict] [frame] [frame] ...
+# A frame whose length has the top bit set stayed in the sender's memory: in its place is
+# its address there, for the reader to copy itself (``same_host``).
 
 _HEAD = struct.Struct("!QI")
+_ADDRESS = struct.Struct("!Q")
+_LEFT = 1 << 63
 #: Messages up to this size are joined into one write (one system call, one TCP segment).
 _JOIN_MAX = 1 << 16
+#: Frames from this size on stay in the sender's memory when the reader can copy them.
+LEAVE_MIN = 1 << 20
 
 
 class Framed:
@@ -101,8 +110,13 @@ class Framed:
         return (Framed, (self.header, self.count))
 
 
-def write_message(write: Any, msg: dict) -> None:
-    """Write ``msg`` with ``write`` (a socket's ``sendall``)."""
+def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> list[Any]:
+    """Write ``msg`` with ``write`` (a socket's ``sendall``).
+
+    With ``leave_in_place`` (the reader can copy from this process), frames of
+    ``LEAVE_MIN`` bytes and more are not written, only their addresses. They are returned:
+    the caller keeps them alive, and unchanged, until the reader says it has copied them.
+    """
     frames: list[Any] = []
     meta = {}
     for name, value in msg.items():
@@ -113,28 +127,54 @@ def write_message(write: Any, msg: dict) -> None:
             meta[name] = value
     body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = [memoryview(f).nbytes for f in frames]
-    head = _HEAD.pack(len(body), len(sizes)) + struct.pack(f"!{len(sizes)}Q", *sizes)
-    if len(body) + sum(sizes) <= _JOIN_MAX:
-        write(b"".join([head, body, *frames]))
-        return
-    write(head + body)
-    for frame in frames:
-        write(frame)
+    left = [leave_in_place and size >= LEAVE_MIN for size in sizes]
+    lengths = [size | _LEFT if keep else size for size, keep in zip(sizes, left)]
+    head = _HEAD.pack(len(body), len(sizes)) + struct.pack(f"!{len(sizes)}Q", *lengths)
+    small: list[Any] = [head, body]  # joined into one write, up to the next large frame
+    small_bytes = len(head) + len(body)
+    for frame, size, keep in zip(frames, sizes, left):
+        if keep:
+            small.append(_ADDRESS.pack(address_of(frame)))
+            small_bytes += _ADDRESS.size
+        elif small_bytes + size <= _JOIN_MAX:
+            small.append(frame)
+            small_bytes += size
+        else:
+            if small:
+                write(b"".join(small))
+                small, small_bytes = [], 0
+            write(frame)
+    if small:
+        write(b"".join(small))
+    return [frame for frame, keep in zip(frames, left) if keep]
 
 
-def read_message(stream: BinaryIO) -> dict:
-    """The next message from a buffered reader; its ``Framed`` values still packed.
+def read_message(stream: BinaryIO, pull_from: int | None = None) -> tuple[dict, bool]:
+    """The next message from a buffered reader, its ``Framed`` values still packed, and
+    whether any frame was copied out of the sender's memory (process ``pull_from``).
 
-    Raises ``EOFError`` when the stream ends, also mid-message.
+    Raises ``EOFError`` when the stream ends, also mid-message, and ``OSError`` when a
+    frame left in the sender's memory cannot be copied.
     """
     body_size, count = _HEAD.unpack(_read(stream, _HEAD.size))
-    sizes = struct.unpack(f"!{count}Q", _read(stream, 8 * count)) if count else ()
+    lengths = struct.unpack(f"!{count}Q", _read(stream, 8 * count)) if count else ()
     msg = pickle.loads(_read(stream, body_size))
-    frames = iter([_read(stream, size) for size in sizes])
+    frames = []
+    copied = False
+    for length in lengths:
+        if length & _LEFT:
+            if pull_from is None:
+                raise OSError("a frame was left in the sender's memory, which cannot be read")
+            (address,) = _ADDRESS.unpack(_read(stream, _ADDRESS.size))
+            frames.append(pull(pull_from, address, length & ~_LEFT))
+            copied = True
+        else:
+            frames.append(_read(stream, length))
+    parts = iter(frames)
     for value in msg.values():
         if isinstance(value, Framed):
-            value.frames = [next(frames) for _ in range(value.count)]
-    return msg
+            value.frames = [next(parts) for _ in range(value.count)]
+    return msg, copied
 
 
 def unpack(value: Any) -> Any:
