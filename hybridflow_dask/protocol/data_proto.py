@@ -23,7 +23,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .checks import as_key_list, non_negative_int, positive_int
 from .config import AUTO_PADDING_KEY, DataProtoConfig
-from .huge_pages import cat_rows
+from .large_memory import cat_rows
 from .lazy_tensordict import tensordict
 from .tensordict_ops import (
     as_row_indices,

@@ -15,6 +15,7 @@ import textwrap
 import threading
 
 import dask
+import numpy
 import pytest
 import torch
 from distributed.protocol.serialize import Serialized, serialize
@@ -101,7 +102,7 @@ def test_another_process_is_trusted_only_when_its_memory_holds_the_secret():
         assert pid == holder.pid
         assert can_read(pid, address, secret)
         assert not can_read(pid, address, os.urandom(16))  # not the peer's secret
-        assert pull(pid, address, 16).tobytes() == secret
+        assert pull(pid, address, numpy.empty(16, numpy.uint8)).tobytes() == secret
     finally:
         holder.stdin.close()
         holder.wait(timeout=30)

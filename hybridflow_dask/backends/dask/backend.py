@@ -32,6 +32,7 @@ from ..base import InstanceRef, Slot, WorkerLostError
 from . import serialization  # noqa: F401  (registers the DataProto serializers)
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .config import (
+    apply_buffer_cache,
     call_path,
     call_timeout,
     freeze_gc,
@@ -141,6 +142,7 @@ class DaskBackend:
             # exit hook (registered earlier, so run later) closes the cluster under us.
             atexit.register(_shutdown_at_exit, weakref.ref(self))
         freeze_gc()  # the imported modules' objects: no full collection scans them again
+        apply_buffer_cache()
 
     # -- public conveniences ------------------------------------------------------------
 

@@ -9,13 +9,17 @@ import dask.config
 import yaml
 from dask.utils import parse_bytes, parse_timedelta
 
+from ...protocol.large_memory import set_cache_limit
+
 __all__ = [
+    "apply_buffer_cache",
     "call_path",
     "call_timeout",
     "connect_timeout",
     "freeze_gc",
     "fresh_processes",
     "max_local_workers",
+    "same_host_copy",
     "scatter_threshold",
     "share_colocated_inputs",
     "socket_lane",
@@ -57,6 +61,11 @@ def socket_lane() -> bool:
 def same_host_copy() -> bool:
     """Whether lanes may copy large frames between the processes' memories."""
     return bool(dask.config.get("hybridflow.same-host-copy"))
+
+
+def apply_buffer_cache() -> None:
+    """Size this process's cache of large buffers from ``hybridflow.buffer-cache``."""
+    set_cache_limit(parse_bytes(dask.config.get("hybridflow.buffer-cache")))
 
 
 def freeze_gc() -> None:

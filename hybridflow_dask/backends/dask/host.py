@@ -47,7 +47,7 @@ from ..base import InstanceRef
 from ..hosting import annotate_error, explain_init_error, find_free_port
 from . import serialization  # noqa: F401  (workers decode DataProtos with it)
 from .actor import Actor, EnvGate, current_worker
-from .config import freeze_gc
+from .config import apply_buffer_cache, freeze_gc
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
 from .socket_lane import LaneServer, lane_host
@@ -154,6 +154,7 @@ class InstanceHost(WorkerPlugin):
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None
         freeze_gc()  # the worker's imported modules: no full collection scans them again
+        apply_buffer_cache()
 
     def teardown(self, worker: Any) -> None:
         with self._lock:

@@ -62,15 +62,15 @@ def address_of(frame: Any) -> int:
     return numpy.frombuffer(frame, numpy.uint8).ctypes.data
 
 
-def pull(pid: int, address: int, size: int) -> numpy.ndarray:
-    """``size`` bytes at ``address`` in process ``pid``, copied into a new buffer of ours.
+def pull(pid: int, address: int, out: numpy.ndarray) -> numpy.ndarray:
+    """``out`` (a contiguous byte array of ours) filled from ``address`` in process ``pid``.
 
-    Raises ``OSError`` naming the process when they cannot be read (it ended, or the OS
+    Raises ``OSError`` naming the process when it cannot be read (it ended, or the OS
     does not let this process read it).
     """
     if _readv is None:
         raise OSError("process_vm_readv is not available on this platform")
-    out = numpy.empty(size, numpy.uint8)  # large ones: numpy asks for huge pages
+    size = out.nbytes
     base = out.ctypes.data
     done = 0
     while done < size:
@@ -99,6 +99,6 @@ def can_read(pid: int, address: int, secret: bytes) -> bool:
     if _readv is None or pid <= 0:
         return False
     try:
-        return pull(pid, address, len(secret)).tobytes() == secret
+        return pull(pid, address, numpy.empty(len(secret), numpy.uint8)).tobytes() == secret
     except OSError:
         return False

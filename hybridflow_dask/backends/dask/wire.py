@@ -15,9 +15,9 @@ import pickle
 import struct
 from typing import Any, BinaryIO
 
-import numpy
 from distributed.protocol.serialize import Serialized, deserialize, serialize
 
+from ...protocol.large_memory import take
 from .same_host import address_of, pull
 
 __all__ = [
@@ -166,7 +166,7 @@ def read_message(stream: BinaryIO, pull_from: int | None = None) -> tuple[dict, 
             if pull_from is None:
                 raise OSError("a frame was left in the sender's memory, which cannot be read")
             (address,) = _ADDRESS.unpack(_read(stream, _ADDRESS.size))
-            frames.append(pull(pull_from, address, length & ~_LEFT))
+            frames.append(pull(pull_from, address, take(length & ~_LEFT)))
             copied = True
         else:
             frames.append(_read(stream, length))
@@ -183,9 +183,9 @@ def unpack(value: Any) -> Any:
 
 
 def _read(stream: BinaryIO, size: int) -> Any:
-    # A large frame goes into numpy memory: it is not zero-filled first, and numpy asks the
-    # kernel for huge pages, so receiving 128 MiB costs half the time it does in a bytearray.
-    buffer = bytearray(size) if size < _JOIN_MAX else numpy.empty(size, numpy.uint8)
+    # A large frame goes into numpy memory (not zero-filled first, unlike a bytearray), a
+    # block of the process's cache when very large (see ``protocol.large_memory``).
+    buffer = bytearray(size) if size < _JOIN_MAX else take(size)
     view = memoryview(buffer).cast("B")
     done = 0
     while done < size:
