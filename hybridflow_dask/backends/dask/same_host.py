@@ -17,6 +17,7 @@ process of another host or container.
 from __future__ import annotations
 
 import ctypes
+import errno
 import os
 import sys
 from typing import Any
@@ -78,7 +79,7 @@ def pull(pid: int, address: int, out: numpy.ndarray) -> numpy.ndarray:
         remote = _IoVec(address + done, size - done)
         got = _readv(pid, ctypes.byref(local), 1, ctypes.byref(remote), 1, 0)
         if got <= 0:
-            err = ctypes.get_errno()
+            err = ctypes.get_errno() if got < 0 else errno.EFAULT
             raise OSError(err, f"copying {size} bytes from process {pid}: {os.strerror(err)}")
         done += got
     return out

@@ -196,13 +196,11 @@ class Lane:
         same_host: bool = True,
     ) -> None:
         self._sock = _nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
-        probe = Probe(token) if same_host and supported() else None
-        self._sock.sendall(
-            token + _OFFER.pack(probe.pid, probe.address) if probe else token + _OFFER.pack(0, 0)
-        )
-        self._leave_in_place, pid, address = _ANSWER.unpack(_recv(self._sock, _ANSWER.size))
-        self._pull_from = pid if probe and can_read(pid, address, token) else None
-        self._sock.sendall(_YES.pack(self._pull_from is not None))
+        try:
+            self._leave_in_place, self._pull_from = self._open(token, same_host)
+        except BaseException:
+            self._sock.close()
+            raise
         self._sock.settimeout(None)
         self._on_reply, self._on_broken = on_reply, on_broken
         self._ids = itertools.count()
@@ -214,6 +212,16 @@ class Lane:
         self.broken = False
         self._reader = threading.Thread(target=self._read, name="hybridflow-lane", daemon=True)
         self._reader.start()
+
+    def _open(self, token: bytes, same_host: bool) -> tuple[bool, int | None]:
+        """Present the token; learn whether the worker copies from us and we from it."""
+        probe = Probe(token) if same_host and supported() else None
+        offer = _OFFER.pack(probe.pid, probe.address) if probe else _OFFER.pack(0, 0)
+        self._sock.sendall(token + offer)
+        copies, pid, address = _ANSWER.unpack(_recv(self._sock, _ANSWER.size))
+        pull_from = pid if probe and can_read(pid, address, token) else None
+        self._sock.sendall(_YES.pack(pull_from is not None))
+        return copies, pull_from
 
     def request(self, msg: dict, context: Any) -> None:
         """Send ``msg``; its reply goes to ``on_reply(context, reply)``.
