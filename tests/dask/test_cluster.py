@@ -152,14 +152,20 @@ def test_dataproto_travels_with_the_registered_serializer(hf_dask_backend):
     header, _ = serialize(data, serializers=("dask", "pickle"))
     assert header["serializer"] == "dask"
 
-    def check(data):
-        from dask.sizeof import sizeof
-
-        return sizeof(data), float(data.batch["x"].sum())
-
-    size, total = hf_dask_backend.client.submit(check, data, pure=False).result()
+    size, total = hf_dask_backend.client.submit(_size_and_sum, data, pure=False).result()
     assert size >= 1024 * 16 * 4
     assert total == pytest.approx(float(data.batch["x"].sum()))
+
+
+def _size_and_sum(data):
+    # At module level, so that Dask pickles the task with plain pickle. A local function
+    # sends Dask's pickler down its fallback, which recurses to the recursion limit on any
+    # object whose Dask serializer yields memoryviews (a tensor, a DataProto) before it
+    # gives up and uses cloudpickle; finalizers that a garbage collection ran at that depth
+    # could not even be reported (pytest's hook hit the limit), which failed a CI run.
+    from dask.sizeof import sizeof
+
+    return sizeof(data), float(data.batch["x"].sum())
 
 
 @pytest.mark.gpu
