@@ -131,7 +131,7 @@ def take(nbytes: int) -> numpy.ndarray:
 def empty(shape: Sequence[int], dtype: torch.dtype) -> torch.Tensor:
     """``torch.empty(shape, dtype=dtype)``; a large one in a cached block (see above)."""
     shape = tuple(shape)
-    nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * torch.empty((), dtype=dtype).itemsize
+    nbytes = int(numpy.prod(shape, dtype=numpy.int64)) * dtype.itemsize
     if nbytes < LARGE_BYTES:
         return torch.empty(shape, dtype=dtype)
     return torch.from_numpy(_CACHE.take(nbytes)).view(dtype).view(shape)
