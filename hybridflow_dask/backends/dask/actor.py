@@ -32,24 +32,14 @@ from typing import Any
 
 from ..base import InstanceRef
 from ..hosting import EnvSwitch, annotate_error
+from .internals import enter_worker
 
-__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate", "current_worker"]
+__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate"]
 
 #: How many coroutine calls of one instance may run at once (Ray's default for async actors).
 MAX_CONCURRENCY = 1000
 
 _CLOSE = object()  # the job that ends an actor's thread
-_here = threading.local()  # what an actor's threads know about where they run
-
-
-def current_worker() -> Any:
-    """The Dask worker hosting the actor whose thread (or loop) calls this, or ``None``.
-
-    Dask tells its own task threads which worker they run in; actor threads are ours, so
-    code there (a method resolving a ``DataProtoFuture`` itself) asks here instead.
-    """
-    return getattr(_here, "worker", None)
-
 
 _SKIP = object()  # a sequence number that will never be called
 
@@ -157,7 +147,7 @@ class Actor:
     # -- the instance's thread ------------------------------------------------------------
 
     def _serve(self) -> None:
-        _here.worker = self.worker
+        self._enter_worker()
         while True:
             with self._cond:
                 entry = self._cond.wait_for(self._next_job)
@@ -188,9 +178,9 @@ class Actor:
             future.set_exception(exc)
             return
         if inspect.isawaitable(result):
-            self._start_coroutine(result, future, getattr(job, "method", "<coroutine>"))
+            self._start_coroutine(result, future, job)
         else:
-            future.set_result(result)
+            _settle(future, job, result)
 
     def _finish_close(self, future: concurrent.futures.Future) -> None:
         with self._cond:
@@ -209,7 +199,7 @@ class Actor:
         ready = threading.Event()
 
         def serve() -> None:
-            _here.worker = self.worker
+            self._enter_worker()
             asyncio.set_event_loop(loop)
             self._slots = asyncio.Semaphore(MAX_CONCURRENCY)
             loop.call_soon(ready.set)
@@ -228,10 +218,9 @@ class Actor:
         self._loop_thread.start()
         ready.wait()
 
-    def _start_coroutine(
-        self, awaitable: Any, future: concurrent.futures.Future, method: str
-    ) -> None:
+    def _start_coroutine(self, awaitable: Any, future: concurrent.futures.Future, job: Any) -> None:
         self.start_loop()
+        method = getattr(job, "method", "<coroutine>")
 
         async def run() -> Any:
             assert self._slots is not None
@@ -240,9 +229,11 @@ class Actor:
 
         def done(task: concurrent.futures.Future) -> None:
             try:
-                future.set_result(task.result())
+                result = task.result()
             except BaseException as exc:
                 future.set_exception(annotate_error(exc, self.ref, method))
+            else:
+                _settle(future, job, result)
 
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(run(), self._loop).add_done_callback(done)
@@ -257,6 +248,12 @@ class Actor:
                 thread.join(timeout=5)
 
     # -- helpers ------------------------------------------------------------------------------
+
+    def _enter_worker(self) -> None:
+        """This thread belongs to the worker: ``get_worker()``, ``get_client()`` and
+        ``worker_client()`` work in the instance's methods, as in a Dask actor's."""
+        if self.worker is not None:
+            enter_worker(self.worker)
 
     def _drop_waiting(self) -> None:
         """Close for good: calls still waiting for their turn fail (hold ``_cond``)."""
@@ -278,6 +275,19 @@ class Actor:
             f"instance {self.ref.name} was destroyed: its group was shut down, or the worker "
             "restarted (see WorkerGroup.recover)"
         )
+
+
+def _settle(future: concurrent.futures.Future, job: Any, result: Any) -> None:
+    """The job's outcome as its caller gets it: ``job.capture(result)`` where the job
+    says what to keep of its result (a snapshot), taken before the next call runs."""
+    capture = getattr(job, "capture", None)
+    if capture is not None:
+        try:
+            result = capture(result)
+        except BaseException as exc:
+            future.set_exception(exc)
+            return
+    future.set_result(result)
 
 
 class _Gated:

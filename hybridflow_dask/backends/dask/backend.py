@@ -50,7 +50,9 @@ from .host import InstanceHost, WorkerRunner, count_instances, probe_worker, wor
 from .internals import fail_future, future_state, pending_future, wait_all
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
+from .snapshot import Captured
 from .task_path import TaskPath
+from .wire import is_plain
 
 __all__ = ["DaskBackend"]
 
@@ -313,7 +315,8 @@ class DaskBackend:
         if self._direct is not None:
             future = self._direct.create(ref, cls, args, kwargs, env, seq)
         else:
-            args, kwargs = self._ship(args, ref.slot), self._ship(kwargs, ref.slot)
+            what = f"the arguments of {ref.group}.__init__"
+            args, kwargs = self._ship(args, ref.slot, what), self._ship(kwargs, ref.slot, what)
             future = self._tasks.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs))
         return future
@@ -342,7 +345,8 @@ class DaskBackend:
             self._live.track(future, ref.slot, ref, (args, kwargs))
             return future
         private = _shared_positions(args, kwargs)
-        args, kwargs = self._ship(args, ref.slot), self._ship(kwargs, ref.slot)
+        what = f"the arguments of {label} for rank {ref.rank}"
+        args, kwargs = self._ship(args, ref.slot, what), self._ship(kwargs, ref.slot, what)
         seq = self._next_seq(ref)
         return self._tasks.call(
             ref, seq, method, args, kwargs, label=label, blocking=blocking, private=private
@@ -525,21 +529,24 @@ class DaskBackend:
             self._live.track(future, slot, None, args)
         return future
 
-    def _ship(self, values: Any, slot: Slot) -> Any:
-        """Scatter large driver values straight to ``slot``'s worker (never via the graph)."""
+    def _ship(self, values: Any, slot: Slot, what: str) -> Any:
+        """Driver values as a task takes them, captured now: large ones scattered straight
+        to ``slot``'s worker (never via the graph), small ones serialized into the graph."""
         threshold = scatter_threshold()
         if isinstance(values, dict):
-            return {k: self._ship_one(v, slot, threshold) for k, v in values.items()}
-        return tuple(self._ship_one(v, slot, threshold) for v in values)
+            return {k: self._ship_one(v, slot, threshold, what) for k, v in values.items()}
+        return tuple(self._ship_one(v, slot, threshold, what) for v in values)
 
-    def _ship_one(self, value: Any, slot: Slot, threshold: int) -> Any:
-        if isinstance(value, Future) or value is None or isinstance(value, (int, float, str, bool)):
+    def _ship_one(self, value: Any, slot: Slot, threshold: int, what: str) -> Any:
+        if isinstance(value, Future) or is_plain(value):
             return value
         if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
             return _worker_view(value)
+        if futures_in([value]):  # Dask resolves the futures inside it where the task runs
+            return value
         size = sizeof(value)
         if size < threshold:
-            return value
+            return Captured(value, what)
         self.driver_bytes["scattered"] += size
         return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]
 

@@ -42,6 +42,7 @@ from .dashboard import task_key
 from .host import InputKey, swap_inputs
 from .internals import fail_future, finish_future, future_state, pending_future, wait_future
 from .liveness import Liveness, futures_in, lost_error
+from .snapshot import own_frames
 from .socket_lane import Lane, lane_host
 from .wire import pack, plain_call, unpack
 
@@ -174,6 +175,8 @@ class DirectPath:
         else:
             packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
             packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
+            if not blocking:  # sent after this returns: the caller may change them meanwhile
+                packed_args, packed_kwargs = own_frames(packed_args), own_frames(packed_kwargs)
             sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
             with self._lock:
                 self._counts["scattered"] += sent

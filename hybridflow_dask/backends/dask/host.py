@@ -46,10 +46,12 @@ from distributed.protocol import to_serialize
 from ..base import InstanceRef
 from ..hosting import annotate_error, explain_init_error, find_free_port
 from . import serialization  # noqa: F401  (workers decode DataProtos with it)
-from .actor import Actor, EnvGate, current_worker
+from .actor import Actor, EnvGate
 from .config import apply_buffer_cache, freeze_gc
 from .dashboard import task_key
-from .internals import add_handlers, adopt_future, fetch_keys, register_keys, worker_client_of
+from .internals import add_handlers, adopt_future, fetch_keys, register_keys
+from .snapshot import Captured
+from .snapshot import snapshot as _snapshot
 from .socket_lane import LaneServer, lane_host
 from .wire import is_plain, pack, unpack
 
@@ -113,10 +115,15 @@ class _Construct:
 
 
 class _Invoke:
-    """The job that runs one method call in its actor's thread."""
+    """The job that runs one method call in its actor's thread.
 
-    def __init__(self, method: str, args: tuple, kwargs: dict) -> None:
+    ``snapshot``: its result is copied as the method returns (see ``snapshot``), because
+    it is kept here or written later by Dask's comm, after the next call may have run.
+    """
+
+    def __init__(self, method: str, args: tuple, kwargs: dict, *, snapshot: bool) -> None:
         self.method, self.args, self.kwargs = method, args, kwargs
+        self.capture = _snapshot if snapshot else None
 
     def __call__(self, actor: Actor) -> Any:
         try:
@@ -250,7 +257,8 @@ class InstanceHost(WorkerPlugin):
             actor.skip(driver, seq)
             return _error_reply(exc)
         try:
-            result = await _wrap(actor.submit(driver, seq, _Invoke(method, args, kwargs)))
+            invoke = _Invoke(method, args, kwargs, snapshot=True)
+            result = await _wrap(actor.submit(driver, seq, invoke))
         except BaseException as exc:
             self._log_call(actor, key, method, start, "error", 0)
             return _error_reply(exc)
@@ -403,7 +411,10 @@ class InstanceHost(WorkerPlugin):
             else:
                 reply({"id": ident, "status": "OK", "result": payload})
 
-        actor.submit(driver, seq, _Invoke(method, args, kwargs)).add_done_callback(answer)
+        # The reply is written (or its frames released) from the instance's thread before
+        # the next call runs: no snapshot needed.
+        invoke = _Invoke(method, args, kwargs, snapshot=False)
+        actor.submit(driver, seq, invoke).add_done_callback(answer)
 
     def handle_port(self) -> dict:
         return {"status": "OK", "result": find_free_port()}
@@ -635,6 +646,7 @@ def create_instance(
     """Build the instance (in its own actor thread) with the rank's environment."""
     host = _host()
     actor = host.new_actor(ref, env)
+    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     try:
         _await_off_pool(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
     except BaseException:
@@ -654,10 +666,12 @@ def run_call(
     """One call; ``private`` lists the arguments that are shared data to copy first."""
     host = _host()
     actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
+    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     if private:
         args = tuple(copy.deepcopy(a) if i in private else a for i, a in enumerate(args))
         kwargs = {k: copy.deepcopy(v) if k in private else v for k, v in kwargs.items()}
-    return _await_off_pool(actor.submit(driver, seq, _Invoke(method, args, kwargs)))
+    invoke = _Invoke(method, args, kwargs, snapshot=True)
+    return _await_off_pool(actor.submit(driver, seq, invoke))
 
 
 def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
@@ -694,8 +708,7 @@ class WorkerRunner:
 
 def _client() -> Any:
     """The client of the worker this code runs in (an actor's thread or a task's)."""
-    worker = current_worker()
-    return worker_client_of(worker) if worker is not None else get_client()
+    return get_client()
 
 
 def count_instances(dask_worker: Any) -> int:

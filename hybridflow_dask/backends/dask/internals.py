@@ -19,11 +19,12 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Future
-from distributed.worker import get_data_from_worker
+from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
     "add_handlers",
     "adopt_future",
+    "enter_worker",
     "fail_future",
     "fetch_keys",
     "finish_future",
@@ -33,7 +34,6 @@ __all__ = [
     "submit_as",
     "wait_all",
     "wait_future",
-    "worker_client_of",
 ]
 
 #: How often ``fetch_keys`` asks a busy holder again.
@@ -52,9 +52,14 @@ def add_handlers(worker: Any, handlers: dict[str, Callable[..., Any]]) -> None:
     worker.handlers.update(handlers)
 
 
-def worker_client_of(worker: Any) -> Any:
-    """The client a worker lends to code running in it (``get_client()`` in a task)."""
-    return worker._get_client()
+def enter_worker(worker: Any) -> None:
+    """Make ``worker`` the one ``distributed.get_worker()`` (and so ``get_client()`` and
+    ``worker_client()``) finds in this thread's context, as Dask does in a task's thread.
+
+    An instance's own thread and loop are not Dask's, so without this the worker API
+    raises "No worker found" inside a method. Call it once at the start of such a thread.
+    """
+    _worker_cvar.set(worker)
 
 
 def pending_future(client: Any, key: str) -> Future:

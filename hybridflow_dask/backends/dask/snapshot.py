@@ -1,0 +1,102 @@
+"""Values captured when a call is made and when its method returns, as a Ray call captures them.
+
+Dask's serializers hand a tensor over as a view of its memory (no copy), and Dask keeps a
+result by reference until someone fetches it. Both are right for speed and wrong for a
+caller, or an instance, that changes a tensor in place once the call has returned: the
+worker would read the new values, or a later fetch would see the instance's later state.
+So a value is copied exactly where its memory can still change before it has been read,
+and nowhere else:
+
+- **arguments** of a call that returns before they are written out (a non-blocking call,
+  whose message leaves on the event loop later) have their frames copied in the calling
+  thread (``own_frames``); a blocking call's caller waits until they are read, so its
+  frames travel as views;
+- **results** kept on the worker, or handed to Dask's comm to be written later, are copied
+  in the instance's thread as the method returns (``snapshot``), before its next call
+  can change them; a reply the instance's thread writes itself (the socket lane, which
+  waits until the reader has the bytes) is not.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import numpy
+from distributed.protocol.serialize import Serialized, deserialize, serialize
+
+from ...protocol.large_memory import LARGE_BYTES, take
+from .wire import is_plain, pack
+
+__all__ = ["Captured", "own_frames", "snapshot"]
+
+
+def own_frames(packed: Serialized) -> Serialized:
+    """``packed`` with frames of its own: later changes to the values it was made from
+    no longer reach it."""
+    return Serialized(packed.header, [_own(frame) for frame in packed.frames])
+
+
+def _own(frame: Any) -> Any:
+    if isinstance(frame, bytes):  # immutable already (pickled bytes, headers)
+        return frame
+    view = memoryview(frame).cast("B")
+    if view.nbytes < LARGE_BYTES:
+        return bytes(view)
+    out = take(view.nbytes)  # a reused block: fresh memory is slow to touch here
+    out[:] = numpy.frombuffer(view, numpy.uint8)
+    return out
+
+
+def snapshot(value: Any) -> Any:
+    """A copy of ``value`` that shares no mutable memory with it (plain values as they are).
+
+    A value that cannot be deep-copied (it holds a lock, a socket, ...) goes through Dask's
+    serializers and back instead; one that cannot travel either is kept as it is, and its
+    caller learns so when it is sent.
+    """
+    if is_plain(value):
+        return value
+    try:
+        return copy.deepcopy(value)
+    except Exception:
+        try:
+            header, frames = serialize(value, serializers=("dask", "pickle"), on_error="raise")
+            return deserialize(header, [_own(f) for f in frames])
+        except Exception:
+            return value
+
+
+class Captured:
+    """A driver value serialized, with frames of its own, when the call is made.
+
+    It stands in a Dask task's arguments as bytes that no later change can reach, through
+    the same serializers as everywhere else (plain pickling has no float8), and stays
+    bytes on its way through the scheduler (which unpickles and pickles task arguments
+    again); the task opens it on the worker (``opened``).
+    """
+
+    __slots__ = ("frames", "header")
+
+    def __init__(self, value: Any, what: str) -> None:
+        packed = pack(value, what)
+        self.header = packed.header
+        self.frames = [bytes(memoryview(f).cast("B")) for f in packed.frames]
+
+    def __getstate__(self) -> Any:
+        return self.header, self.frames
+
+    def __setstate__(self, state: Any) -> None:
+        self.header, self.frames = state
+
+    @staticmethod
+    def opened(values: Any) -> Any:
+        """``values`` (a call's ``args`` tuple or ``kwargs`` dict) with each ``Captured``
+        replaced by the value it holds."""
+        if isinstance(values, dict):
+            return {k: _open(v) for k, v in values.items()}
+        return tuple(_open(v) for v in values)
+
+
+def _open(value: Any) -> Any:
+    return deserialize(value.header, value.frames) if isinstance(value, Captured) else value
