@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import inspect
 import os
+import pickle
 import socket
 import threading
 import traceback
@@ -19,7 +20,14 @@ from typing import Any
 
 from .base import InstanceRef
 
-__all__ = ["EnvSwitch", "InstanceTable", "annotate_error", "explain_init_error", "find_free_port"]
+__all__ = [
+    "EnvSwitch",
+    "InstanceTable",
+    "annotate_error",
+    "explain_init_error",
+    "find_free_port",
+    "sendable",
+]
 
 _INIT_TWICE = "default process group twice"
 
@@ -68,6 +76,26 @@ def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseExc
     exc.hybridflow_origin = (ref.group, method, ref.rank)
     if hasattr(exc, "add_note"):
         exc.add_note(where)
+    return exc
+
+
+def sendable(exc: BaseException) -> BaseException:
+    """``exc`` if it survives pickling both ways, else a ``RuntimeError`` that keeps its
+    type's name, message, notes (the group, method and rank) and remote traceback.
+
+    An exception whose class cannot be rebuilt from its ``args`` (an ``__init__`` with
+    other parameters) pickles fine and fails only where it is unpickled: it is checked
+    here, where its caller can still be told, not on the driver's side of the wire.
+    """
+    try:
+        pickle.loads(pickle.dumps(exc))
+    except Exception as why:
+        stand_in = RuntimeError(f"{type(exc).__module__}.{type(exc).__qualname__}: {exc}")
+        for name in ("remote_traceback", "hybridflow_origin", "__notes__"):
+            if hasattr(exc, name):
+                setattr(stand_in, name, getattr(exc, name))
+        stand_in.add_note(f"(sent as a RuntimeError: the original cannot be pickled: {why!r})")
+        return stand_in
     return exc
 
 

@@ -3,8 +3,11 @@
 The in-process sibling of the Dask backend, small enough to read in one sitting: for unit
 tests, for stepping through worker code with ``pdb``, and to keep the ``Backend``
 interface honest. It behaves like a remote backend in what a worker can observe:
-arguments and results are copied (a worker mutating its shard never changes the caller's
-batch), and each rank's environment is in ``os.environ`` while that rank's code runs.
+arguments are copied when the call is made and results when the method returns (a worker
+mutating its shard never changes the caller's batch, a caller or an instance changing a
+tensor afterwards never changes what the other got), each rank's environment is in
+``os.environ`` while that rank's code runs, and calls from several driver threads run one
+at a time (an instance never sees two of its calls at once, nor a reply torn by another).
 Ranks run one after another, so collectives between ranks (``torch.distributed``) cannot
 work here; use ``DaskBackend`` for those.
 """
@@ -13,6 +16,7 @@ from __future__ import annotations
 
 import copy
 import socket
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,6 +56,8 @@ class LocalBackend:
         self._groups: dict[str, list[InstanceRef]] = {}
         self._host = socket.gethostname()
         self._closed = False
+        #: One call at a time, from whichever thread: copies in, method, copy out.
+        self._calls = threading.RLock()
 
     # -- placement --------------------------------------------------------------------
 
@@ -145,9 +151,10 @@ class LocalBackend:
 
     def _run(self, fn: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> LocalFuture:
         try:
-            a = tuple(copy.deepcopy(_resolve(v)) for v in args)
-            k = {key: copy.deepcopy(_resolve(v)) for key, v in kwargs.items()}
-            return LocalFuture(copy.deepcopy(fn(a, k)))
+            with self._calls:
+                a = tuple(copy.deepcopy(_resolve(v)) for v in args)
+                k = {key: copy.deepcopy(_resolve(v)) for key, v in kwargs.items()}
+                return LocalFuture(copy.deepcopy(fn(a, k)))
         except Exception as exc:
             return LocalFuture(error=exc)
 

@@ -26,6 +26,7 @@ from typing import Any
 
 from dask.sizeof import sizeof
 from distributed import Client, Future
+from distributed.comm import CommClosedError
 
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
@@ -316,7 +317,7 @@ class DaskBackend:
             future = self._direct.create(ref, cls, args, kwargs, env, seq)
         else:
             what = f"the arguments of {ref.group}.__init__"
-            args, kwargs = self._ship(args, ref.slot, what), self._ship(kwargs, ref.slot, what)
+            args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
             future = self._tasks.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs))
         return future
@@ -346,7 +347,7 @@ class DaskBackend:
             return future
         private = _shared_positions(args, kwargs)
         what = f"the arguments of {label} for rank {ref.rank}"
-        args, kwargs = self._ship(args, ref.slot, what), self._ship(kwargs, ref.slot, what)
+        args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
         seq = self._next_seq(ref)
         return self._tasks.call(
             ref, seq, method, args, kwargs, label=label, blocking=blocking, private=private
@@ -364,18 +365,28 @@ class DaskBackend:
         return self._submit_when_known(unknown, fn, args, label, slot)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
-        """Wait for all, failing early on an error or a dead worker, then fetch directly."""
+        """Wait for all, failing early on an error or a dead worker, then fetch directly.
+
+        Several failures raise the first in rank order: once a method fails, the calls
+        before it are still waited for, as ``ray.get`` would; a lost worker fails it at
+        once. A backend shut down meanwhile (by another thread) is the ``RuntimeError``
+        every use after shutdown raises, whatever broke on the way.
+        """
         self._check_open("gather results")
-        futures = list(futures)
-        pending = [f for f in futures if _is_pending(f)]
+        try:
+            return self._gather(list(futures))
+        except Exception as exc:
+            if self._closed:
+                raise self._closed_error("gather results") from exc
+            raise
+
+    def _gather(self, futures: list[Any]) -> list[Any]:
         limit = call_timeout()
         start = time.monotonic()
-        while pending:
+        while pending := [f for f in futures[: self._first_failed(futures)] if _is_pending(f)]:
             _wait_some(self.client, pending, POLL_S)
-            pending = [f for f in pending if not f.done()]
-            if any(f.status == "error" for f in futures if _is_pending_kind(f)):
-                break
             self._check_open("gather results")
+            pending = [f for f in pending if not f.done()]
             self._live.raise_if_lost(pending)
             if limit is not None and pending and time.monotonic() - start > limit:
                 raise TimeoutError(self._live.still_running(pending, limit)) from None
@@ -429,6 +440,15 @@ class DaskBackend:
             raise lost from exc
         finally:
             running.cancel()  # (a no-op once it is done)
+
+    def _first_failed(self, futures: Sequence[Any]) -> int:
+        """How many of ``futures`` to wait for: those before the first known to have
+        failed (none when a worker was lost: that fails the wait at once), else all."""
+        for i, f in enumerate(futures):
+            if _is_pending_kind(f) and f.done() and f.status in ("error", "cancelled"):
+                lost = f.status == "cancelled" or isinstance(_error_of(f), WorkerLostError)
+                return 0 if lost else i
+        return len(futures)
 
     def _at_hand(self, f: Any) -> Any:
         """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
@@ -529,15 +549,15 @@ class DaskBackend:
             self._live.track(future, slot, None, args)
         return future
 
-    def _ship(self, values: Any, slot: Slot, what: str) -> Any:
+    def _ship(self, values: Any, ref: InstanceRef, what: str) -> Any:
         """Driver values as a task takes them, captured now: large ones scattered straight
-        to ``slot``'s worker (never via the graph), small ones serialized into the graph."""
+        to ``ref``'s worker (never via the graph), small ones serialized into the graph."""
         threshold = scatter_threshold()
         if isinstance(values, dict):
-            return {k: self._ship_one(v, slot, threshold, what) for k, v in values.items()}
-        return tuple(self._ship_one(v, slot, threshold, what) for v in values)
+            return {k: self._ship_one(v, ref, threshold, what) for k, v in values.items()}
+        return tuple(self._ship_one(v, ref, threshold, what) for v in values)
 
-    def _ship_one(self, value: Any, slot: Slot, threshold: int, what: str) -> Any:
+    def _ship_one(self, value: Any, ref: InstanceRef, threshold: int, what: str) -> Any:
         if isinstance(value, Future) or is_plain(value):
             return value
         if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
@@ -548,7 +568,14 @@ class DaskBackend:
         if size < threshold:
             return Captured(value, what)
         self.driver_bytes["scattered"] += size
-        return self.client.scatter([value], workers=[slot.address], direct=True, hash=False)[0]
+        try:
+            return self.client.scatter(
+                [value], workers=[ref.slot.address], direct=True, hash=False
+            )[0]
+        except (CommClosedError, OSError) as exc:
+            if self._closed:
+                raise self._closed_error("send arguments") from exc
+            raise self._live.lost_or(ref.slot, ref, exc) from exc
 
     def _next_seq(self, ref: InstanceRef) -> int:
         key = ref.key
@@ -581,11 +608,14 @@ class DaskBackend:
 
     def _check_open(self, doing: str = "") -> None:
         if self._closed:
-            what = f"cannot {doing}: " if doing else ""
-            raise RuntimeError(
-                f"{what}this DaskBackend was shut down (backend.shutdown() or "
-                "hybridflow_dask.shutdown()); its results and instances are gone"
-            )
+            raise self._closed_error(doing)
+
+    def _closed_error(self, doing: str = "") -> RuntimeError:
+        what = f"cannot {doing}: " if doing else ""
+        return RuntimeError(
+            f"{what}this DaskBackend was shut down (backend.shutdown() or "
+            "hybridflow_dask.shutdown()); its results and instances are gone"
+        )
 
     def _workers(self) -> dict[str, dict]:
         return self.client.scheduler_info(n_workers=-1)["workers"]
@@ -624,6 +654,11 @@ def _shared_positions(args: tuple, kwargs: dict) -> tuple:
     positions: list[Any] = [i for i, a in enumerate(args) if isinstance(a, Future)]
     positions += [k for k, v in kwargs.items() if isinstance(v, Future)]
     return tuple(positions)
+
+
+def _error_of(f: Any) -> BaseException | None:
+    """The error of a failed future of either kind."""
+    return f.exception() if isinstance(f, ReplyFuture) else future_state(f).exception
 
 
 def _is_pending_kind(obj: Any) -> bool:

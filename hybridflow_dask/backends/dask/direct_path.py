@@ -419,7 +419,15 @@ class DirectPath:
     def _answered(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
         """A message's reply, or the error that its stream (or lane) broke. Loop thread."""
         if error is None:
-            self._settle(message, reply, _reply_error(reply))
+            failure = _reply_error(reply)
+            if (
+                failure is not None
+                and _broke_connection(failure)
+                and message.inputs + message.known
+            ):
+                self._spawn(self._input_lost(message, failure))
+            else:
+                self._settle(message, reply, failure)
         elif self._closed:
             self._settle(message, None, CommClosedError("the backend was shut down"))
         else:
@@ -445,6 +453,20 @@ class DirectPath:
             )
         lost.__cause__ = error
         self._failed(message, lost)
+
+    async def _input_lost(self, message: _Message, error: BaseException) -> None:
+        """The worker could not get an input: when the input's holder died (the scheduler's
+        word follows within milliseconds), the call fails naming that group and rank."""
+        deadline = self._loop.time() + DEATH_WAIT_S
+        inputs = [*message.inputs, *message.known]
+        while self._loop.time() < deadline:
+            lost = next(filter(None, map(self._live.lost_input, inputs)), None)
+            if lost is not None:
+                lost.__cause__ = error
+                error = lost
+                break
+            await asyncio.sleep(0.01)
+        self._settle(message, None, error)
 
     def _failed(self, message: _Message, error: BaseException) -> None:
         """``message`` never ran: later calls on its instance must not wait for it."""
@@ -519,6 +541,22 @@ def _reply_error(reply: dict) -> BaseException | None:
     if reply.get("status") == "OK":
         return None
     return reply.get("exception") or RuntimeError(str(reply))
+
+
+def _broke_connection(error: BaseException) -> bool:
+    """Whether ``error`` (or what caused it) is a connection that broke or data that went
+    missing on the way, as when the worker holding an input dies during its transfer."""
+    seen = 0
+    cause: BaseException | None = error
+    while cause is not None and seen < 8:
+        if isinstance(cause, (CommClosedError, OSError, asyncio.CancelledError)):
+            return True
+        if isinstance(cause, concurrent.futures.CancelledError):
+            return True
+        if isinstance(cause, KeyError) and "no worker holds" in str(cause):
+            return True
+        cause, seen = cause.__cause__ or cause.__context__, seen + 1
+    return False
 
 
 def _frame_bytes(packed: Serialized) -> int:

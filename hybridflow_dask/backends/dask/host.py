@@ -28,7 +28,6 @@ import copy
 import inspect
 import logging
 import os
-import pickle
 import sys
 import threading
 import time
@@ -44,14 +43,13 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ..base import InstanceRef
-from ..hosting import annotate_error, explain_init_error, find_free_port
+from ..hosting import annotate_error, explain_init_error, find_free_port, sendable
 from . import serialization  # noqa: F401  (workers decode DataProtos with it)
 from .actor import Actor, EnvGate
 from .config import apply_buffer_cache, freeze_gc
 from .dashboard import task_key
 from .internals import add_handlers, adopt_future, fetch_keys, register_keys
-from .snapshot import Captured
-from .snapshot import snapshot as _snapshot
+from .snapshot import Captured, snapshot
 from .socket_lane import LaneServer, lane_host
 from .wire import is_plain, pack, unpack
 
@@ -123,13 +121,23 @@ class _Invoke:
 
     def __init__(self, method: str, args: tuple, kwargs: dict, *, snapshot: bool) -> None:
         self.method, self.args, self.kwargs = method, args, kwargs
-        self.capture = _snapshot if snapshot else None
+        self.capture = self._snapshot if snapshot else None
+        self._ref: InstanceRef | None = None
 
     def __call__(self, actor: Actor) -> Any:
+        self._ref = actor.ref
         try:
             return getattr(actor.obj, self.method)(*self.args, **self.kwargs)
         except BaseException as exc:
             raise annotate_error(exc, actor.ref, self.method)  # noqa: B904
+
+    def _snapshot(self, result: Any) -> Any:
+        ref = self._ref
+        assert ref is not None
+        try:
+            return snapshot(result, f"the result of {ref.group}.{self.method} (rank {ref.rank})")
+        except TypeError as exc:
+            raise annotate_error(exc, ref, self.method) from exc.__cause__
 
 
 class InstanceHost(WorkerPlugin):
@@ -257,7 +265,8 @@ class InstanceHost(WorkerPlugin):
             actor.skip(driver, seq)
             return _error_reply(exc)
         try:
-            invoke = _Invoke(method, args, kwargs, snapshot=True)
+            # Kept by reference only where the driver chose to share colocated results.
+            invoke = _Invoke(method, args, kwargs, snapshot=not (keep and share))
             result = await _wrap(actor.submit(driver, seq, invoke))
         except BaseException as exc:
             self._log_call(actor, key, method, start, "error", 0)
@@ -591,22 +600,12 @@ async def _wrap(future: Any) -> Any:
 
 
 def _error_reply(exc: BaseException) -> dict:
-    return {"status": "error", "exception": to_serialize(_sendable(exc))}
+    return {"status": "error", "exception": to_serialize(sendable(exc))}
 
 
 def _lane_error(ident: int, exc: BaseException) -> dict:
     """A socket-lane reply carrying ``exc`` (the lane pickles it as it is)."""
-    return {"id": ident, "status": "error", "exception": _sendable(exc)}
-
-
-def _sendable(exc: BaseException) -> BaseException:
-    """``exc``, or its text in a ``RuntimeError`` when it cannot be pickled."""
-    try:
-        pickle.dumps(exc)
-    except Exception:
-        text = getattr(exc, "remote_traceback", "") or repr(exc)
-        return RuntimeError(f"{type(exc).__name__}: {exc}\n{text}")
-    return exc
+    return {"id": ident, "status": "error", "exception": sendable(exc)}
 
 
 def _payload(result: Any, actor: Actor, method: str) -> Any:
@@ -636,8 +635,11 @@ def _await_off_pool(future: Any) -> Any:
     secede()
     try:
         return future.result()
+    except BaseException as exc:
+        error = sendable(exc)
     finally:
         rejoin()
+    raise error  # outside the handler: Dask pickles a raised error's context too
 
 
 def create_instance(
@@ -662,15 +664,17 @@ def run_call(
     args: tuple,
     kwargs: dict,
     private: tuple = (),
+    share: bool = False,
 ) -> Any:
-    """One call; ``private`` lists the arguments that are shared data to copy first."""
+    """One call; ``private`` lists the arguments that are shared data to copy first, and
+    ``share`` keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
     host = _host()
     actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
     args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     if private:
         args = tuple(copy.deepcopy(a) if i in private else a for i, a in enumerate(args))
         kwargs = {k: copy.deepcopy(v) if k in private else v for k, v in kwargs.items()}
-    invoke = _Invoke(method, args, kwargs, snapshot=True)
+    invoke = _Invoke(method, args, kwargs, snapshot=not share)
     return _await_off_pool(actor.submit(driver, seq, invoke))
 
 

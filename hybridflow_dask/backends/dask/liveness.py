@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 import weakref
 from collections.abc import Sequence
 from typing import Any
@@ -92,6 +93,20 @@ class Liveness:
     def known(self, address: str) -> bool:
         """Whether the process now at ``address`` has been probed (and is not dead)."""
         return address in self._id_at
+
+    def lost_or(
+        self, slot: Slot, ref: InstanceRef | None, error: BaseException, wait: float = 2.0
+    ) -> BaseException:
+        """What to raise for ``error``, a connection to ``slot``'s worker that broke: a
+        ``WorkerLostError`` once the scheduler says the worker died (its word follows the
+        broken connection within milliseconds; waits up to ``wait`` seconds for it), else
+        ``error`` itself. From a caller's thread, never the event loop."""
+        deadline = time.monotonic() + wait
+        while not self.is_dead(slot):
+            if time.monotonic() > deadline:
+                return error
+            time.sleep(0.01)
+        return lost_error(slot, ref)
 
     def check(self, slot: Slot, ref: InstanceRef | None) -> None:
         if self.is_dead(slot):

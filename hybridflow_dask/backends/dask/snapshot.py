@@ -23,7 +23,7 @@ import copy
 from typing import Any
 
 import numpy
-from distributed.protocol.serialize import Serialized, deserialize, serialize
+from distributed.protocol.serialize import Serialized, deserialize
 
 from ...protocol.large_memory import LARGE_BYTES, take
 from .wire import is_plain, pack
@@ -48,23 +48,20 @@ def _own(frame: Any) -> Any:
     return out
 
 
-def snapshot(value: Any) -> Any:
+def snapshot(value: Any, what: str) -> Any:
     """A copy of ``value`` that shares no mutable memory with it (plain values as they are).
 
-    A value that cannot be deep-copied (it holds a lock, a socket, ...) goes through Dask's
-    serializers and back instead; one that cannot travel either is kept as it is, and its
-    caller learns so when it is sent.
+    A value that cannot be deep-copied (it holds a lock, say) goes through Dask's
+    serializers and back instead; one that can do neither could not reach its caller
+    either: ``TypeError`` naming ``what``.
     """
     if is_plain(value):
         return value
     try:
         return copy.deepcopy(value)
     except Exception:
-        try:
-            header, frames = serialize(value, serializers=("dask", "pickle"), on_error="raise")
-            return deserialize(header, [_own(f) for f in frames])
-        except Exception:
-            return value
+        packed = pack(value, what, back=True)
+        return deserialize(packed.header, [_own(f) for f in packed.frames])
 
 
 class Captured:

@@ -87,6 +87,7 @@ class TaskPath:
                 args,
                 kwargs,
                 () if self._share else private,
+                self._share,
                 label=label,
                 slot=ref.slot,
                 ref=ref,
