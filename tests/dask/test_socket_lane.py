@@ -289,3 +289,41 @@ def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_
     halves = backend.gather(parts)
     assert [torch.equal(h.batch["x"], torch.full((32, 4), 2.0)) for h in halves] == [True, True]
     assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])
+
+
+def test_the_drivers_reader_goes_on_reading_while_a_caller_holds_the_write_lock():
+    """The reader never writes: a release it owes waits for the lock in a thread of its
+    own, so replies keep arriving while a caller is stuck writing a large request (that
+    reader blocking on the lock was one edge of a deadlock between driver threads)."""
+    go = threading.Event()
+
+    def handle(msg, reply):
+        def answer():
+            go.wait(10)
+            payload = Serialized(*serialize(torch.ones(1 << 19)))  # 2 MiB: left in place
+            reply({"id": msg["id"], "status": "OK", "result": payload})
+
+        threading.Thread(target=answer, daemon=True).start()
+
+    server = LaneServer("127.0.0.1", handle)
+    replies: list[int] = []
+    lane = Lane(
+        "127.0.0.1",
+        server.port,
+        server.token,
+        on_reply=lambda ctx, reply: replies.append(ctx),
+        on_broken=lambda pending: None,
+    )
+    try:
+        assert lane._pull_from is not None  # same host: the reply frames are copied
+        lane.request({"n": 1}, 1)
+        lane.request({"n": 2}, 2)
+        with lane._write_lock:  # a caller writing a large request holds it
+            go.set()
+            deadline = time.monotonic() + 5
+            while len(replies) < 2 and time.monotonic() < deadline:
+                time.sleep(0.01)
+            assert sorted(replies) == [1, 2]
+    finally:
+        lane.close()
+        server.close()

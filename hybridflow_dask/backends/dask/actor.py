@@ -82,6 +82,8 @@ class _Order:
     def __init__(self) -> None:
         self.next = 1
         self.waiting: dict[int, Any] = {}
+        #: Numbers withdrawn by the driver (failed calls: few), so a late copy never runs.
+        self.skipped: set[int] = set()
 
     def pop_ready(self) -> Any:
         while self.next in self.waiting:
@@ -115,23 +117,38 @@ class Actor:
     # -- what the host asks ---------------------------------------------------------------
 
     def submit(self, driver: str, seq: int, job: Callable[[], Any]) -> concurrent.futures.Future:
-        """Run ``job`` (given the instance) at its turn; the future holds its outcome."""
+        """Run ``job`` (given the instance) at its turn; the future holds its outcome.
+
+        A call whose number was skipped (before or after it arrived) never runs: the
+        driver has reported it failed.
+        """
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
             if self._closing:
                 future.set_exception(self._gone())
                 return future
-            self._order(driver).waiting[seq] = (job, future)
+            order = self._order(driver)
+            if seq < order.next or seq in order.skipped:
+                future.set_exception(self._withdrawn(seq))
+                return future
+            order.waiting[seq] = (job, future)
             self._cond.notify()
         return future
 
-    def skip(self, driver: str, seq: int) -> None:
-        """Sequence number ``seq`` will never be called: later calls go ahead."""
+    def skip(self, driver: str, seq: int) -> bool:
+        """Call number ``seq`` must not run (the driver reported it failed): later calls
+        go ahead. Whether that held: ``False`` when it had already started or run."""
         with self._cond:
             order = self._order(driver)
-            if seq >= order.next:
-                order.waiting[seq] = _SKIP
-                self._cond.notify()
+            if seq < order.next:
+                return seq in order.skipped
+            order.skipped.add(seq)
+            entry = order.waiting.get(seq)
+            if entry is not None and entry is not _SKIP:
+                entry[1].set_exception(self._withdrawn(seq))
+            order.waiting[seq] = _SKIP
+            self._cond.notify()
+            return True
 
     def close(self, driver: str, seq: int) -> concurrent.futures.Future:
         """Destroy the instance after every call issued before ``seq``."""
@@ -269,6 +286,12 @@ class Actor:
         if order is None:
             order = self._orders[driver] = _Order()
         return order
+
+    def _withdrawn(self, seq: int) -> RuntimeError:
+        return RuntimeError(
+            f"call {seq} on {self.ref.name} was withdrawn by its driver (reported failed "
+            "there), so it does not run"
+        )
 
     def _gone(self) -> LookupError:
         return LookupError(

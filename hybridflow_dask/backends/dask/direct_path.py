@@ -38,6 +38,7 @@ from distributed.protocol.serialize import Serialized
 
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
+from .config import call_timeout
 from .dashboard import task_key
 from .host import InputKey, swap_inputs
 from .internals import fail_future, finish_future, future_state, pending_future, wait_future
@@ -54,6 +55,8 @@ logger = logging.getLogger(__name__)
 INPUT_POLL_S = 0.1
 #: How long a broken stream waits for the scheduler to confirm its worker died.
 DEATH_WAIT_S = 2.0
+#: How long withdrawing a call from a worker whose connection broke may take.
+WITHDRAW_WAIT_S = 10.0
 #: How long the driver waits for a worker to say where its socket lane listens.
 LANE_ASK_TIMEOUT_S = 10.0
 
@@ -273,9 +276,17 @@ class DirectPath:
                 continue
             asked.append((slot, answer))
         values: dict[str, Any] = {}
+        limit = call_timeout()
         for slot, answer in asked:
             try:
-                values.update(answer.result())
+                values.update(answer.result(limit))
+            except concurrent.futures.TimeoutError:
+                keys = by_slot[slot][1]
+                raise TimeoutError(
+                    f"fetching {len(keys)} result(s) ({keys[0].rsplit('-', 1)[0]}, ...) from "
+                    f"the worker {slot.address} took longer than hybridflow.call-timeout="
+                    f"{limit:g}s; is it hung?"
+                ) from None
             except Exception as exc:
                 if self._live.is_dead(slot):
                     raise
@@ -343,7 +354,13 @@ class DirectPath:
             port, token = offer
             host = lane_host(slot.address)
             return Lane(
-                host, port, token, self._lane_reply, self._lane_broken, self._same_host_copy
+                host,
+                port,
+                token,
+                self._lane_reply,
+                self._lane_broken,
+                same_host=self._same_host_copy,
+                send_timeout=call_timeout(),
             )
         except Exception as exc:  # no lane, for this process: its calls use the Dask comm
             logger.debug("no socket lane to %s: %r", slot.address, exc)
@@ -434,25 +451,56 @@ class DirectPath:
             self._spawn(self._lost(message, error))
 
     async def _lost(self, message: _Message, error: BaseException) -> None:
-        """The stream (or lane) broke first; the scheduler's word on the death follows
-        within milliseconds. Wait for it, so liveness (and ``recover()``) agree with the
-        error. A worker still alive then lost only the connection: the call is skipped
-        there like any call that failed before running (if it did arrive and is still
-        waiting its turn, it will not run; one already run is not affected)."""
+        """The stream (or lane) broke. Either the worker died (the scheduler's word
+        follows within milliseconds: wait for it, so liveness and ``recover()`` agree
+        with the error), or only the connection did, and the worker, still running, must
+        not run the call once it is reported failed: it is withdrawn there at once, over
+        a fresh stream, and the error says how it ended. Until then ``message`` keeps its
+        frames alive: the worker may still be copying them out of this process."""
+        answer = self._withdraw(message)
         deadline = self._loop.time() + DEATH_WAIT_S
         while not self._live.is_dead(message.slot) and self._loop.time() < deadline:
+            if answer is not None and answer.done():
+                break  # it answered: alive
             await asyncio.sleep(0.01)
         if self._live.is_dead(message.slot):
             lost = lost_error(message.slot, message.ref)
         else:
-            what = message.msg.get("method", message.op)
-            lost = WorkerLostError(
-                f"the connection to the Dask worker {message.address} broke during {what} "
-                f"(rank {message.ref.rank if message.ref else '?'}); the worker is alive, "
-                "and the call does not run there unless it had already started"
-            )
+            lost = await self._withdrawn(message, answer)
         lost.__cause__ = error
-        self._failed(message, lost)
+        self._settle(message, None, lost)
+
+    def _withdraw(self, message: _Message) -> ReplyFuture | None:
+        """Ask ``message``'s worker not to run its call; the answer says whether it will not."""
+        if message.seq is None or message.ref is None:  # a question, not a call
+            return None
+        answer = ReplyFuture("hf_skip")
+        msg = {"instance": message.ref.key, "driver": self.driver_id, "seq": message.seq}
+        self._send(_Message("hf_skip", message.slot, message.ref, None, msg, [], answer))
+        return answer
+
+    async def _withdrawn(self, message: _Message, answer: ReplyFuture | None) -> WorkerLostError:
+        """The error for a call whose connection broke while its worker lives on."""
+        what = message.msg.get("method", message.op)
+        rank = message.ref.rank if message.ref else "?"
+        broke = (
+            f"the connection to the Dask worker {message.address} broke during {what} "
+            f"(rank {rank}); the worker is alive"
+        )
+        if answer is None:
+            return WorkerLostError(broke)
+        try:
+            prevented = await asyncio.wait_for(asyncio.wrap_future(answer), WITHDRAW_WAIT_S)
+        except Exception:
+            return WorkerLostError(
+                f"{broke}, but it could not be told to drop the call either: the call may "
+                "have run there"
+            )
+        if prevented:
+            return WorkerLostError(f"{broke}; the call did not run there and will not")
+        return WorkerLostError(
+            f"{broke}; the call had already started there, and its result is lost"
+        )
 
     async def _input_lost(self, message: _Message, error: BaseException) -> None:
         """The worker could not get an input: when the input's holder died (the scheduler's

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import concurrent.futures
 import contextlib
 import copy
 import inspect
@@ -72,6 +73,8 @@ CALL_TOPIC = "hybridflow-call"
 CALL_LOG_INTERVAL_S = 0.05
 #: How long a fetch on the socket lane waits for the worker's event loop.
 FETCH_TIMEOUT_S = 60.0
+#: Threads that write fetched results to lanes (the lanes' readers never write them).
+FETCH_THREADS = 2
 
 
 @dataclass(frozen=True)
@@ -168,6 +171,9 @@ class InstanceHost(WorkerPlugin):
         self._calls: list[dict] = []
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None
+        self._fetchers = concurrent.futures.ThreadPoolExecutor(
+            FETCH_THREADS, thread_name_prefix="hybridflow-lane-fetch"
+        )
         freeze_gc()  # the worker's imported modules: no full collection scans them again
         apply_buffer_cache()
 
@@ -177,6 +183,7 @@ class InstanceHost(WorkerPlugin):
             lane, self._lane = self._lane, None
         if lane is not None:
             lane.close()
+        self._fetchers.shutdown(wait=False, cancel_futures=True)
         for actor in actors:
             actor.stop()
         # The worker has closed; what is left is interpreter teardown, which takes a second
@@ -210,10 +217,12 @@ class InstanceHost(WorkerPlugin):
         if actor is not None:
             actor.stop()
 
-    def skip(self, instance: str, driver: str, seq: int) -> None:
+    def skip(self, instance: str, driver: str, seq: int) -> bool:
+        """Withdraw a call; whether it is sure not to run (see ``Actor.skip``)."""
         actor = self.actors.get(instance)
-        if actor is not None:  # a skip for a forgotten instance must not bring it back
-            actor.skip(driver, seq)
+        if actor is None:  # a skip for a forgotten instance must not bring it back
+            return True
+        return actor.skip(driver, seq)
 
     # -- the direct path's handlers (the worker's event loop) ------------------------------
 
@@ -364,8 +373,10 @@ class InstanceHost(WorkerPlugin):
     # -- the socket lane (its connection's thread, then the actor's) ------------------------
 
     def lane_message(self, msg: dict, reply: Callable[[dict], None]) -> None:
+        """Called by the lane's reading thread, which must go back to reading at once: a
+        fetch's reply is written by a fetch thread, a call's by its instance's thread."""
         if msg.get("op") == "fetch":
-            self.lane_fetch(msg, reply)
+            self._fetchers.submit(self.lane_fetch, msg, reply)
         else:
             self.lane_call(msg, reply)
 
@@ -429,8 +440,7 @@ class InstanceHost(WorkerPlugin):
         return {"status": "OK", "result": find_free_port()}
 
     def handle_skip(self, instance: str, driver: str, seq: int) -> dict:
-        self.skip(instance, driver, seq)
-        return {"status": "OK"}
+        return {"status": "OK", "result": self.skip(instance, driver, seq)}
 
     async def _resolve(self, args: tuple, kwargs: dict, share: bool) -> tuple[tuple, dict]:
         keys: list[str] = []

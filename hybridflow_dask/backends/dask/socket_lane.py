@@ -17,6 +17,13 @@ opens, see ``same_host``), large frames are not written to the socket at all: th
 copies them out of the sender's memory, then sends ``release`` so that the sender may
 drop (or change) them. A worker's instance waits for that, as it would wait for a
 socket write to finish, so the next call cannot change a result still being copied.
+
+Neither end ever waits to write while it should be reading: each side's reader only
+reads and hands over (releases go out from a thread of their own, fetch replies from
+the worker's fetch threads), so two large transfers in opposite directions, or a release
+behind a large request, always make progress. Writes that make no progress for
+``send_timeout`` seconds (the driver's ``hybridflow.call-timeout``; ``STALL_TIMEOUT_S``
+on the worker) break the lane instead of blocking forever.
 """
 
 from __future__ import annotations
@@ -25,6 +32,7 @@ import contextlib
 import hmac
 import itertools
 import logging
+import queue
 import secrets
 import socket
 import struct
@@ -43,6 +51,9 @@ logger = logging.getLogger(__name__)
 
 #: How long connecting to a lane (and presenting the token) may take.
 CONNECT_TIMEOUT_S = 5.0
+#: How long the worker's end waits for a write to progress, or for the driver to release
+#: a reply's frames, before it drops the connection (a driver that stopped reading).
+STALL_TIMEOUT_S = 60.0
 TOKEN_BYTES = 16
 _BUFFER = 1 << 16
 # Opening a lane: the driver sends the token and where its memory holds a copy of it
@@ -72,6 +83,15 @@ def lane_host(address: str) -> str | None:
 def _nodelay(sock: socket.socket) -> socket.socket:
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     return sock
+
+
+def _bound_sends(sock: socket.socket, seconds: float | None) -> None:
+    """A blocking send that makes no progress for ``seconds`` raises ``OSError``; reads
+    on the same socket stay unbounded (an idle lane is not a broken one)."""
+    if seconds:
+        whole = int(seconds)
+        timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 class LaneServer:
@@ -129,12 +149,15 @@ class LaneServer:
             try:
                 with write_lock:
                     entry[1] = write_message(conn.sendall, answer, leave_in_place=leave_in_place)
-            except OSError as exc:  # the driver went away; nobody waits for this answer
+            except OSError as exc:  # the driver went away (or stopped reading)
                 logger.debug("lane reply not sent: %r", exc)
+                _drop(conn)
             if not entry[1]:
                 held.pop(answer["id"], None)
-            elif threading.get_ident() != serving:  # (the serving thread reads the release)
-                entry[0].wait()
+            elif threading.get_ident() != serving and not entry[0].wait(STALL_TIMEOUT_S):
+                # (the serving thread reads releases: it never waits for one)
+                logger.warning("a driver did not release a reply in %gs", STALL_TIMEOUT_S)
+                _drop(conn)  # nobody copies it now: the instance goes on
 
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
@@ -151,6 +174,7 @@ class LaneServer:
             (leave_in_place,) = _YES.unpack(_recv(conn, _YES.size))
             conn.settimeout(None)
             _nodelay(conn)
+            _bound_sends(conn, STALL_TIMEOUT_S)
             stream = conn.makefile("rb", buffering=_BUFFER)
             while True:
                 msg, _ = read_message(stream, pull_from)
@@ -177,6 +201,12 @@ class LaneServer:
             held.clear()
 
 
+def _drop(conn: socket.socket) -> None:
+    """End a connection from any thread: its reader sees the end and cleans up."""
+    with contextlib.suppress(OSError):
+        conn.shutdown(socket.SHUT_RDWR)
+
+
 class Lane:
     """The driver's end of one worker's lane: requests written by the calling thread,
     replies read by a thread of its own that settles each request's future.
@@ -194,6 +224,7 @@ class Lane:
         on_reply: Callable[[Any, dict], None],
         on_broken: Callable[[list[Any]], None],
         same_host: bool = True,
+        send_timeout: float | None = None,
     ) -> None:
         self._sock = _nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
         try:
@@ -202,7 +233,10 @@ class Lane:
             self._sock.close()
             raise
         self._sock.settimeout(None)
+        _bound_sends(self._sock, send_timeout)
         self._on_reply, self._on_broken = on_reply, on_broken
+        #: Replies copied out of the worker's memory, to release: the reader never writes.
+        self._releases: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._ids = itertools.count()
         self._lock = threading.Lock()
         self._write_lock = threading.Lock()
@@ -212,6 +246,10 @@ class Lane:
         self.broken = False
         self._reader = threading.Thread(target=self._read, name="hybridflow-lane", daemon=True)
         self._reader.start()
+        if self._pull_from is not None:
+            threading.Thread(
+                target=self._release, name="hybridflow-lane-release", daemon=True
+            ).start()
 
     def _open(self, token: bytes, same_host: bool) -> tuple[bool, int | None]:
         """Present the token; learn whether the worker copies from us and we from it."""
@@ -251,8 +289,7 @@ class Lane:
                 reply, copied = read_message(stream, self._pull_from)
                 ident = reply.pop("id")
                 if copied:  # the worker may drop them now
-                    with self._write_lock:
-                        write_message(self._sock.sendall, {"op": _RELEASE, "id": ident})
+                    self._releases.put(ident)
                 with self._lock:
                     waiting = self._waiting.pop(ident, None)
                 if waiting is not None:
@@ -265,6 +302,18 @@ class Lane:
             self.broken = True
             pending = [context for context, _ in self._waiting.values()]
             self._waiting = {}
+        self._releases.put(None)
         with contextlib.suppress(OSError):
             self._sock.close()
         self._on_broken(pending)
+
+    def _release(self) -> None:
+        """Send the releases the reader queued, in their own thread: a release may wait
+        behind a large request being written, while the reader goes on reading."""
+        while (ident := self._releases.get()) is not None:
+            try:
+                with self._write_lock:
+                    write_message(self._sock.sendall, {"op": _RELEASE, "id": ident})
+            except OSError:
+                self.close()
+                return
