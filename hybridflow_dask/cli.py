@@ -110,7 +110,7 @@ def _positive(text: str) -> int:
 
 
 def _address(text: str) -> str:
-    from .backends.dask.connect import validate_address
+    from .backends.dask.driver.connect import validate_address
 
     try:
         return validate_address(text)
@@ -308,7 +308,7 @@ def _print_table(steps: list[dict[str, Any]]) -> None:
 
 
 def _info(out: TextIO) -> int:
-    from .backends.dask.cluster import probe_local_cluster
+    from .backends.dask.driver.cluster import probe_local_cluster
 
     choice = probe_local_cluster()
     print(f"backend: DaskBackend() would start a {choice.kind} ({choice.reason})", file=out)

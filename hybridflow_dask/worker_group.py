@@ -7,7 +7,6 @@ unpad``. Nothing in this module knows which backend runs the ranks.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable
@@ -15,8 +14,8 @@ from typing import Any
 
 from .backends.base import Backend, FutureList, InstanceRef, Slot
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
-from .decorators.dispatch import DispatchFns
-from .protocol import DataProto, DataProtoFuture, unpad_dataproto
+from .decorators.dispatch import DispatchFns, drop_padding
+from .protocol import DataProtoFuture
 from .resource_pool import ResourcePool
 from .worker import GROUP_ENV_KEYS, RANK_ENV_KEYS, ClassWithInitArgs
 
@@ -570,7 +569,7 @@ class WorkerGroup:
                 outputs = FutureList(futures, self._backend)
             if rank_zero:
                 outputs = outputs[0]
-            return self._unpad(fns.collect_fn(self, outputs), pad)
+            return drop_padding(fns.collect_fn(self, outputs), pad, self._backend)
 
         method.__name__ = name
         method.__qualname__ = f"{type(self).__name__}.{name}"
@@ -640,17 +639,6 @@ class WorkerGroup:
         if fused_cls is None or callable(getattr(fused_cls, prefixed, None)):
             return prefixed, ()
         return FUSED_EXECUTE, (f"{self.sub_cls_name}{FUSED_METHOD_SEP}{method_name}",)
-
-    def _unpad(self, result: Any, pad: Any) -> Any:
-        if isinstance(pad, int) and pad == 0:
-            return result
-        if isinstance(result, DataProtoFuture):
-            return dataclasses.replace(result, pad=pad)
-        if isinstance(result, DataProto):
-            if self._backend.is_future(pad):
-                pad = self._backend.gather([pad])[0]
-            return unpad_dataproto(result, pad)
-        return result
 
     def _check_method(self, method_name: str) -> None:
         if not isinstance(method_name, str) or not callable(getattr(self._cls, method_name, None)):

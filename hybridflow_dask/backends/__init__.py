@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
-from .dask.connect import SchedulerUnreachableError
+from .dask.driver.connect import SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
 
 if TYPE_CHECKING:
@@ -28,7 +28,7 @@ __all__ = [
 def __getattr__(name: str) -> Any:
     # ``DaskBackend`` loads distributed (and torch with it): only when asked for.
     if name == "DaskBackend":
-        from .dask.backend import DaskBackend
+        from .dask.driver.backend import DaskBackend
 
         return DaskBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -9,13 +9,13 @@ written for verl carry over.
 
 from __future__ import annotations
 
-import threading
+import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
-from ..protocol import PADDING_SIZE_KEY, DataProto, DataProtoFuture
+from ..protocol import PADDING_SIZE_KEY, DataProto, DataProtoFuture, unpad_dataproto
 from ..protocol.future import check_same_rows, drop_tail
 from ..protocol.rows import (
     concat_batches,
@@ -213,9 +213,8 @@ def resolve_dispatch_mode(dispatch_mode: Any) -> DispatchFns:
     They wrap the registered ones so that padding is handled whatever the dispatch
     function returns: the pad is read from a ``Dispatched`` or from
     ``kwargs[PADDING_SIZE_KEY]`` (so a custom function that wraps a built-in one keeps
-    it), removed from the kwargs the ranks see, and applied to what the collect function
-    returns: TensorDict rows and list entries of padded ranks are dropped here, DataProto
-    rows by the WorkerGroup.
+    it) and removed from the kwargs the ranks see; the WorkerGroup takes it off what the
+    collect function returns with ``drop_padding``.
     """
     if isinstance(dispatch_mode, dict):
         fns = DispatchFns(dispatch_mode["dispatch_fn"], dispatch_mode["collect_fn"])
@@ -383,44 +382,11 @@ def _concat_outputs(worker_group: Any, outputs: list[Any], ranks: list[int]) -> 
 # ---- padding through custom dispatch functions ------------------------------------------
 
 
-class _PendingPads(threading.local):
-    """The pad of each dispatched call, waiting for that call's collect (per thread).
-
-    A WorkerGroup calls ``dispatch_fn`` then ``collect_fn`` for one call, in one thread,
-    and hands collect only the outputs; this is how the pad reaches collect. A stack per
-    group keeps nested calls (a rank calling another group inline) paired correctly.
-    """
-
-    def __init__(self) -> None:
-        self.stacks: dict[int, list[Any]] = {}
-
-    def push(self, worker_group: Any, pad: Any) -> None:
-        self.stacks.setdefault(id(worker_group), []).append(pad)
-
-    def pop(self, worker_group: Any) -> Any:
-        stack = self.stacks.get(id(worker_group))
-        if not stack:
-            return 0
-        pad = stack.pop()
-        if not stack:
-            del self.stacks[id(worker_group)]
-        return pad
-
-
-_PENDING = _PendingPads()
-
-
 def _padding_aware(fns: DispatchFns) -> DispatchFns:
     def dispatch_fn(worker_group: Any, *args: Any, **kwargs: Any) -> Dispatched:
-        dispatched = _as_dispatched(fns.dispatch_fn(worker_group, *args, **kwargs))
-        _PENDING.push(worker_group, dispatched.pad)
-        return dispatched
+        return _as_dispatched(fns.dispatch_fn(worker_group, *args, **kwargs))
 
-    def collect_fn(worker_group: Any, output: Any) -> Any:
-        pad = _PENDING.pop(worker_group)
-        return _drop_padding(worker_group, fns.collect_fn(worker_group, output), pad)
-
-    return DispatchFns(dispatch_fn, collect_fn)
+    return DispatchFns(dispatch_fn, fns.collect_fn)
 
 
 def _as_dispatched(result: Any) -> Dispatched:
@@ -443,19 +409,24 @@ def _as_dispatched(result: Any) -> Dispatched:
     return Dispatched(tuple(args), kwargs, pad)
 
 
-def _drop_padding(worker_group: Any, result: Any, pad: Any) -> Any:
-    """Trim what the WorkerGroup does not: TensorDict rows and padded ranks' list entries.
+def drop_padding(result: Any, pad: Any, backend: Any) -> Any:
+    """The collected ``result`` without what padding added: a DataProto's or TensorDict's
+    last ``pad`` rows, padded ranks' list entries, or, for a ``DataProtoFuture``, the pad
+    recorded for whoever resolves it. The one place padding is taken off a result.
 
-    DataProto results and futures are trimmed by the WorkerGroup itself (it gets the pad
-    from the ``Dispatched``).
+    ``pad`` is what the call's ``Dispatched`` carried: an int, a ``PadRows``, or a
+    backend future of one (``backend`` gathers it).
     """
-    if _is_zero(pad) or not (isinstance(result, list) or is_batch(result)):
+    if _is_zero(pad):
         return result
-    if isinstance(result, DataProto):
+    if isinstance(result, DataProtoFuture):
+        return dataclasses.replace(result, pad=pad)
+    if not (isinstance(result, list) or is_batch(result)):
         return result
-    backend = worker_group._backend
     if backend.is_future(pad):
         pad = backend.gather([pad])[0]
+    if isinstance(result, DataProto):
+        return unpad_dataproto(result, pad)
     if not isinstance(result, list):
         return drop_tail(result, int(pad))
     # verl drops one entry per padding row; a PadRows knows how many ranks really got

@@ -8,7 +8,7 @@ import socket
 import pytest
 
 from hybridflow_dask.backends import SchedulerUnreachableError
-from hybridflow_dask.backends.dask.connect import validate_address
+from hybridflow_dask.backends.dask.driver.connect import validate_address
 
 #: Correctness bounds for a loaded CI machine, not benchmarks.
 PROMPT_S = 30

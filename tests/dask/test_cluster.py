@@ -14,7 +14,7 @@ from stream_helpers import wait_for_streamed
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
-from hybridflow_dask.backends.dask.cluster import choose_local_cluster
+from hybridflow_dask.backends.dask.driver.cluster import choose_local_cluster
 
 
 class Gloo(hf.Worker):

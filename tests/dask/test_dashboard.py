@@ -11,9 +11,9 @@ from stream_helpers import wait_for_streamed
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.dask import backend as dask_backend
-from hybridflow_dask.backends.dask import dashboard as dask_dashboard
-from hybridflow_dask.backends.dask.dashboard_page import (
+from hybridflow_dask.backends.dask.driver import backend as dask_backend
+from hybridflow_dask.backends.dask.scheduler import dashboard as dask_dashboard
+from hybridflow_dask.backends.dask.scheduler.dashboard_page import (
     CallStats,
     group_view,
     label_of,

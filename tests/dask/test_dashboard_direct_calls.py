@@ -20,11 +20,8 @@ from distributed import Client
 from distributed.diagnostics.task_stream import rectangles
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.dask.dashboard import (
-    CALL_TOPIC,
-    GROUP_DATASET,
-    register_group_monitor,
-)
+from hybridflow_dask.backends.dask.scheduler.dashboard import register_group_monitor
+from hybridflow_dask.backends.dask.wire.keys import CALL_TOPIC, GROUP_DATASET
 
 WAIT_S = 15
 

@@ -58,6 +58,36 @@ def test_a_worker_answers_a_handler_added_to_its_table(hf_dask_backend):
     assert client.sync(ask) == {"status": "OK", "echo": {"x": 1}}
 
 
+def _worker_seen_from_a_thread_of_our_own(dask_worker):
+    import threading
+
+    from distributed import get_worker
+
+    from hybridflow_dask.backends.dask.internals import enter_worker
+
+    seen = {}
+
+    def run():
+        try:
+            get_worker()
+        except ValueError:
+            seen["before"] = None
+        enter_worker(dask_worker)
+        seen["after"] = get_worker().address
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    thread.join(5)
+    return seen
+
+
+def test_a_thread_of_our_own_can_enter_the_worker_for_dasks_worker_api(hf_dask_backend):
+    client = hf_dask_backend.client
+    address = sorted(client.scheduler_info()["workers"])[0]
+    seen = client.run(_worker_seen_from_a_thread_of_our_own, workers=[address])[address]
+    assert seen == {"before": None, "after": address}
+
+
 async def _keep(key, client_id, dask_worker=None):
     """Runs on the worker's event loop (``client.run`` awaits coroutine functions there)."""
     from hybridflow_dask.backends.dask.internals import register_keys

@@ -22,9 +22,15 @@ from distributed.protocol.serialize import Serialized, serialize
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
-from hybridflow_dask.backends.dask.same_host import Probe, can_read, pull, supported
-from hybridflow_dask.backends.dask.socket_lane import Lane, LaneServer
-from hybridflow_dask.backends.dask.wire import LEAVE_MIN, read_message, unpack, write_message
+from hybridflow_dask.backends.dask.driver.lane import Lane
+from hybridflow_dask.backends.dask.wire.messages import (
+    LEAVE_MIN,
+    read_message,
+    unpack,
+    write_message,
+)
+from hybridflow_dask.backends.dask.wire.same_host import Probe, can_read, pull, supported
+from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
 
 pytestmark = pytest.mark.skipif(not supported(), reason="process_vm_readv is Linux-only")
 
@@ -85,7 +91,7 @@ def test_another_process_is_trusted_only_when_its_memory_holds_the_secret():
             textwrap.dedent(
                 """
                 import sys
-                from hybridflow_dask.backends.dask.same_host import Probe
+                from hybridflow_dask.backends.dask.wire.same_host import Probe
                 probe = Probe(bytes.fromhex(sys.argv[1]))
                 print(probe.pid, probe.address, flush=True)
                 sys.stdin.read()

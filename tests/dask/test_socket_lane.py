@@ -20,8 +20,10 @@ from distributed.protocol.serialize import Serialized, serialize
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, WorkerLostError
-from hybridflow_dask.backends.dask.socket_lane import Lane, LaneServer, lane_host
-from hybridflow_dask.backends.dask.wire import Framed, read_message, unpack, write_message
+from hybridflow_dask.backends.dask.driver.lane import Lane
+from hybridflow_dask.backends.dask.wire.lane_protocol import lane_host
+from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, unpack, write_message
+from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
 
 
 class Unpicklable:

@@ -13,7 +13,7 @@ import enum
 import pytest
 
 import hybridflow_dask as hf
-from hybridflow_dask.backends.dask.wire import is_plain, plain_call
+from hybridflow_dask.backends.dask.wire.messages import is_plain, plain_call
 
 
 class Level(enum.IntEnum):

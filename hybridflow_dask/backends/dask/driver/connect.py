@@ -118,7 +118,7 @@ def open_client(target: Any, *, timeout: float | None = None, **client_kwargs: A
     if isinstance(target, str):
         target = validate_address(target)
         if timeout is None:
-            from .config import connect_timeout
+            from ..config import connect_timeout
 
             timeout = connect_timeout()
         _probe(target, timeout)

@@ -18,16 +18,22 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
+from dask.sizeof import sizeof
 from distributed import Future
+from distributed.comm import CommClosedError
 
-from ..base import InstanceRef, Slot
-from .dashboard import task_key
-from .host import create_instance, destroy_instance, run_call, skip_call
-from .internals import submit_as
-from .liveness import Liveness
+from ....protocol import DataProtoFuture
+from ...base import InstanceRef, Slot
+from ..config import scatter_threshold
+from ..internals import submit_as
+from ..wire.keys import task_key
+from ..wire.messages import is_plain
+from ..wire.snapshot import Captured
+from ..worker.tasks import create_instance, destroy_instance, run_call, skip_call, worker_port
+from .liveness import Liveness, futures_in
 
 __all__ = ["TaskPath"]
 
@@ -39,24 +45,32 @@ class TaskPath:
 
     name = "task"
 
-    def __init__(self, client: Any, driver_id: str, live: Liveness, *, share: bool) -> None:
+    def __init__(
+        self, client: Any, driver_id: str, live: Liveness, *, share: bool, counts: dict[str, int]
+    ) -> None:
         self.client = client
         self.driver_id = driver_id
         self._live = live
         self._share = share
+        #: The backend's ``driver_bytes``: arguments this path scatters count as "scattered".
+        self._counts = counts
         self._priority = itertools.count()
         self._closed = False
         self._running: set[Future] = set()
 
+    def port(self, slot: Slot) -> int:
+        return self.client.run(worker_port, workers=[slot.address])[slot.address]
+
     def create(
         self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, seq: int
     ) -> Future:
+        what = f"the arguments of {ref.group}.__init__"
         return self.submit(
             create_instance,
             ref,
             cls,
-            args,
-            kwargs,
+            self._ship(args, ref, what),
+            self._ship(kwargs, ref, what),
             env,
             self.driver_id,
             seq,
@@ -75,30 +89,37 @@ class TaskPath:
         *,
         label: str,
         blocking: bool,
-        private: tuple = (),
     ) -> Future:
-        try:
-            future = self.submit(
-                run_call,
-                ref,
-                self.driver_id,
-                seq,
-                method,
-                args,
-                kwargs,
-                () if self._share else private,
-                self._share,
-                label=label,
-                slot=ref.slot,
-                ref=ref,
-            )
-        except BaseException:
-            self.skip(ref, seq)  # e.g. an argument that cannot be pickled: never sent
-            raise
+        private = () if self._share else _shared_positions(args, kwargs)
+        what = f"the arguments of {label} for rank {ref.rank}"
+        args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
+        future = self.submit(
+            run_call,
+            ref,
+            self.driver_id,
+            seq,
+            method,
+            args,
+            kwargs,
+            private,
+            self._share,
+            label=label,
+            slot=ref.slot,
+            ref=ref,
+        )
         # The callback also keeps the call's inputs referenced until it is done, so data
         # handed over inside an argument (an unmaterialized future) is not released early.
         self._hold(future, lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))
         return future
+
+    def fetch(self, futures: Sequence[Future]) -> dict[str, Any]:
+        return {}  # Dask gathers them all
+
+    def plain_result(self, future: Future, default: Any) -> Any:
+        return default  # results stay on the workers until gathered
+
+    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
+        return []  # every key it hands out is the scheduler's from the start
 
     def destroy(self, ref: InstanceRef, seq: int) -> Future:
         future = self.submit(
@@ -161,6 +182,32 @@ class TaskPath:
             self._live.track(future, slot, ref, args)
         return future
 
+    def _ship(self, values: Any, ref: InstanceRef, what: str) -> Any:
+        """Driver values as a task takes them, captured now: large ones scattered straight
+        to ``ref``'s worker (never via the graph), small ones serialized into the graph."""
+        threshold = scatter_threshold()
+        if isinstance(values, dict):
+            return {k: self._ship_one(v, ref, threshold, what) for k, v in values.items()}
+        return tuple(self._ship_one(v, ref, threshold, what) for v in values)
+
+    def _ship_one(self, value: Any, ref: InstanceRef, threshold: int, what: str) -> Any:
+        if isinstance(value, (Future, DataProtoFuture)) or is_plain(value):
+            return value  # a DataProtoFuture: the rank resolves it (materialize_futures=False)
+        if futures_in([value]):  # Dask resolves the futures inside it where the task runs
+            return value
+        size = sizeof(value)
+        if size < threshold:
+            return Captured(value, what)
+        self._counts["scattered"] += size
+        try:
+            return self.client.scatter(
+                [value], workers=[ref.slot.address], direct=True, hash=False
+            )[0]
+        except (CommClosedError, OSError) as exc:
+            if self._closed:
+                raise RuntimeError("the backend was shut down while sending arguments") from exc
+            raise self._live.lost_or(ref.slot, ref, exc) from exc
+
     def _hold(self, future: Future, then: Callable[[Future], None] | None = None) -> None:
         """Keep ``future`` (so its task runs) until it is done, then run ``then``."""
         self._running.add(future)
@@ -177,3 +224,10 @@ class TaskPath:
         # worker to stop waiting for it. A no-op when the call did run.
         if future.status in ("error", "cancelled"):
             self.skip(ref, seq)
+
+
+def _shared_positions(args: tuple, kwargs: dict) -> tuple:
+    """Which arguments are futures of stored results (to be copied before a method sees them)."""
+    positions: list[Any] = [i for i, a in enumerate(args) if isinstance(a, Future)]
+    positions += [k for k, v in kwargs.items() if isinstance(v, Future)]
+    return tuple(positions)

@@ -36,16 +36,16 @@ from distributed import Future
 from distributed.comm import CommClosedError, connect
 from distributed.protocol.serialize import Serialized
 
-from ...protocol import DataProtoFuture
-from ..base import InstanceRef, Slot, WorkerLostError
-from .config import call_timeout
-from .dashboard import task_key
-from .host import InputKey, swap_inputs
-from .internals import fail_future, finish_future, future_state, pending_future, wait_future
+from ....protocol import DataProtoFuture
+from ...base import InstanceRef, Slot, WorkerLostError
+from ..config import call_timeout
+from ..internals import fail_future, finish_future, future_state, pending_future, wait_future
+from ..wire.keys import InputKey, swap_inputs, task_key
+from ..wire.lane_protocol import lane_host
+from ..wire.messages import pack, plain_call, unpack
+from ..wire.snapshot import own_frames
+from .lane import Lane
 from .liveness import Liveness, futures_in, lost_error
-from .snapshot import own_frames
-from .socket_lane import Lane, lane_host
-from .wire import pack, plain_call, unpack
 
 __all__ = ["DirectPath", "ReplyFuture"]
 

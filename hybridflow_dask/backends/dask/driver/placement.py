@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..base import Slot
+from ...base import Slot
 
 __all__ = ["WorkerInfo", "assign_slots"]
 

@@ -17,7 +17,7 @@ from typing import Any, BinaryIO
 
 from distributed.protocol.serialize import Serialized, deserialize, serialize
 
-from ...protocol.large_memory import take
+from ....protocol.large_memory import take
 from .same_host import address_of, pull
 
 __all__ = [

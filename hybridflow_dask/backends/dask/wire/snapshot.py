@@ -25,8 +25,8 @@ from typing import Any
 import numpy
 from distributed.protocol.serialize import Serialized, deserialize
 
-from ...protocol.large_memory import LARGE_BYTES, take
-from .wire import is_plain, pack
+from ....protocol.large_memory import LARGE_BYTES, take
+from .messages import is_plain, pack
 
 __all__ = ["Captured", "own_frames", "snapshot"]
 

@@ -24,10 +24,8 @@ The scheduler needs ``hybridflow_dask`` importable to load the plugin.
 
 from __future__ import annotations
 
-import itertools
 import json
 import logging
-import os
 import time
 import uuid
 from typing import Any
@@ -37,7 +35,8 @@ from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.protocol import deserialize
 from tornado import web
 
-from ..base import InstanceRef
+from ...base import InstanceRef
+from ..wire.keys import CALL_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
     group_view,
@@ -49,23 +48,15 @@ from .dashboard_page import (
 )
 
 __all__ = [
-    "CALL_TOPIC",
-    "GROUP_DATASET",
     "PLUGIN_NAME",
     "GroupMonitor",
     "register_group_monitor",
-    "task_key",
 ]
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "hybridflow-groups"
-#: Prefix of the published datasets that list each group's instances (the backend writes them).
-GROUP_DATASET = "hybridflow-group-"
 PAGE_ROUTE, JSON_ROUTE = "hybridflow", "hybridflow/groups.json"
-#: Event topic of a finished direct call: ``{"key", "group", "method", "rank", "worker",
-#: "start", "stop", "status": "OK" | "error", "nbytes"}``, times from the worker's clock.
-CALL_TOPIC = "hybridflow-call"
 #: The task stream's lane (its "thread") for direct calls on each worker.
 DIRECT_LANE = "hybridflow-direct"
 
@@ -206,39 +197,6 @@ class GroupMonitor(SchedulerPlugin):
         }
         found = locate(label, real.__contains__)
         return None if found is None else (real[found[0]], *found[1:])
-
-
-def task_key(label: str) -> str:
-    """A unique task key ``"{group}.{method}-<uuid hex>"`` for a call labelled ``label``.
-
-    Hyphens in the label become underscores: Dask's ``key_split`` cuts a key at its first
-    hyphen, which would show ``actor`` for every task of group ``actor-rollout`` in its
-    dashboard instead of ``actor_rollout.generate_sequences``.
-    """
-    return f"{label.replace('-', '_')}-{_key_ids.next()}"
-
-
-class _KeyIds:
-    """32 hex digits per key: a random per-process prefix and a counter.
-
-    ``uuid4()`` per call read the OS's random source every time; this is as unique across
-    drivers (the prefix) and within one (the counter), and a forked child draws a new
-    prefix. The counter's leading zeros keep a digit in every id, so Dask's ``key_split``
-    never mistakes an all-letter id for part of the name.
-    """
-
-    def __init__(self) -> None:
-        self._pid = -1
-        self._prefix = ""
-        self._counter = itertools.count()
-
-    def next(self) -> str:
-        if self._pid != os.getpid():
-            self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
-        return f"{self._prefix}{next(self._counter):012x}"
-
-
-_key_ids = _KeyIds()
 
 
 def _direct_call(msg: Any) -> dict[str, Any] | None:

@@ -26,13 +26,10 @@ from typing import Any
 
 from dask.sizeof import sizeof
 from distributed import Client, Future
-from distributed.comm import CommClosedError
 
-from ...protocol import DataProtoFuture
-from ..base import InstanceRef, Slot, WorkerLostError
-from . import serialization  # noqa: F401  (registers the DataProto serializers)
-from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
-from .config import (
+from ....protocol import DataProtoFuture
+from ...base import InstanceRef, Slot, WorkerLostError
+from ..config import (
     apply_buffer_cache,
     call_path,
     call_timeout,
@@ -40,20 +37,22 @@ from .config import (
     fresh_processes,
     max_local_workers,
     same_host_copy,
-    scatter_threshold,
     share_colocated_inputs,
     socket_lane,
 )
+from ..internals import fail_future, future_state, pending_future, wait_all
+from ..scheduler.dashboard import register_group_monitor
+from ..wire import serialization  # noqa: F401  (registers the tensor and DataProto serializers)
+from ..wire.keys import GROUP_DATASET, task_key
+from ..worker.host import InstanceHost
+from ..worker.tasks import WorkerRunner, count_instances, probe_worker
+from .call_path import CallPath
+from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .connect import open_client
-from .dashboard import GROUP_DATASET, register_group_monitor, task_key
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
-from .host import InstanceHost, WorkerRunner, count_instances, probe_worker, worker_port
-from .internals import fail_future, future_state, pending_future, wait_all
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
-from .snapshot import Captured
 from .task_path import TaskPath
-from .wire import is_plain
 
 __all__ = ["DaskBackend"]
 
@@ -122,7 +121,10 @@ class DaskBackend:
         #: Bytes this driver sent to workers and fetched from them, whatever the path.
         self.driver_bytes = {"scattered": 0, "gathered": 0}
         share = share_colocated_inputs()
-        self._tasks = TaskPath(self.client, self.driver_id, self._live, share=share)
+        #: Plain functions (row routing) always run as tasks, whichever path calls take.
+        self._tasks = TaskPath(
+            self.client, self.driver_id, self._live, share=share, counts=self.driver_bytes
+        )
         self._direct = (
             DirectPath(
                 self.client,
@@ -136,7 +138,7 @@ class DaskBackend:
             if call_path() == "direct"
             else None
         )
-        self._path: DirectPath | TaskPath = self._direct or self._tasks
+        self._path: CallPath = self._direct or self._tasks
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
         register_group_monitor(self.client)  # the /hybridflow page on the dashboard
         TopicFanOut.subscribe(self.client, "all", self._on_scheduler_event)
@@ -295,9 +297,7 @@ class DaskBackend:
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
-        if self._direct is not None:
-            return self._direct.port(slot)
-        return self.client.run(worker_port, workers=[slot.address])[slot.address]
+        return self._path.port(slot)
 
     # -- instances and calls ------------------------------------------------------------
 
@@ -313,12 +313,7 @@ class DaskBackend:
             self._groups[ref.group] = members
         self.client.publish_dataset(**{GROUP_DATASET + ref.group: members}, override=True)
         seq = self._next_seq(ref)
-        if self._direct is not None:
-            future = self._direct.create(ref, cls, args, kwargs, env, seq)
-        else:
-            what = f"the arguments of {ref.group}.__init__"
-            args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
-            future = self._tasks.create(ref, cls, args, kwargs, env, seq)
+        future = self._path.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs))
         return future
 
@@ -332,26 +327,20 @@ class DaskBackend:
         label: str,
         blocking: bool = False,
     ) -> Any:
+        """One call, the same flow on every path: a dead rank fails it before anything is
+        sent; its number orders it on the instance; a call that could not be sent is
+        withdrawn (later calls must not wait for it); its worker is remembered, so a wait
+        on it fails at once if that worker (or an input's) dies."""
         self._check_alive(ref.slot, ref)
-        if self._direct is not None:
-            args, kwargs = _for_worker(args), _for_worker(kwargs)
-            seq = self._next_seq(ref)
-            try:
-                future = self._direct.call(
-                    ref, seq, method, args, kwargs, label=label, blocking=blocking
-                )
-            except BaseException:
-                self._direct.skip(ref, seq)  # never sent: later calls must not wait for it
-                raise
-            self._live.track(future, ref.slot, ref, (args, kwargs))
-            return future
-        private = _shared_positions(args, kwargs)
-        what = f"the arguments of {label} for rank {ref.rank}"
-        args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
+        args, kwargs = _for_worker(args), _for_worker(kwargs)
         seq = self._next_seq(ref)
-        return self._tasks.call(
-            ref, seq, method, args, kwargs, label=label, blocking=blocking, private=private
-        )
+        try:
+            future = self._path.call(ref, seq, method, args, kwargs, label=label, blocking=blocking)
+        except BaseException:
+            self._path.skip(ref, seq)
+            raise
+        self._live.track(future, ref.slot, ref, (args, kwargs))
+        return future
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
@@ -359,7 +348,7 @@ class DaskBackend:
         self._check_open()
         if slot is not None:
             self._check_alive(slot, None)
-        unknown = self._direct.waits_for(futures_in(args)) if self._direct else []
+        unknown = self._path.waits_for(futures_in(args))
         if not unknown:
             return self._tasks.submit(fn, *args, label=label, slot=slot, ref=None)
         return self._submit_when_known(unknown, fn, args, label, slot)
@@ -402,7 +391,7 @@ class DaskBackend:
                     raise lost
         values = [self._at_hand(f) for f in futures]
         remote = [f for f, v in zip(futures, values) if v is _FETCH]
-        on_lanes = self._direct.fetch(remote) if self._direct and remote else {}
+        on_lanes = self._path.fetch(remote) if remote else {}
         rest = [f for f in remote if f.key not in on_lanes]
         fetched = dict(on_lanes)
         if rest:
@@ -455,7 +444,7 @@ class DaskBackend:
         if isinstance(f, ReplyFuture):
             return f.result()
         if isinstance(f, Future):
-            return self._direct.plain_result(f, _FETCH) if self._direct else _FETCH
+            return self._path.plain_result(f, _FETCH)
         return f
 
     def is_future(self, obj: Any) -> bool:
@@ -501,8 +490,7 @@ class DaskBackend:
                 self.destroy([ref for refs in list(self._groups.values()) for ref in refs])
         self._closed = True
         self._tasks.close()
-        if self._direct is not None:
-            self._direct.close()
+        self._path.close()
         with contextlib.suppress(Exception):
             TopicFanOut.unsubscribe(self.client, "all", self._on_scheduler_event)
             # Let groups shut down just before finish dropping their instances, so the
@@ -548,34 +536,6 @@ class DaskBackend:
         if slot is not None:
             self._live.track(future, slot, None, args)
         return future
-
-    def _ship(self, values: Any, ref: InstanceRef, what: str) -> Any:
-        """Driver values as a task takes them, captured now: large ones scattered straight
-        to ``ref``'s worker (never via the graph), small ones serialized into the graph."""
-        threshold = scatter_threshold()
-        if isinstance(values, dict):
-            return {k: self._ship_one(v, ref, threshold, what) for k, v in values.items()}
-        return tuple(self._ship_one(v, ref, threshold, what) for v in values)
-
-    def _ship_one(self, value: Any, ref: InstanceRef, threshold: int, what: str) -> Any:
-        if isinstance(value, Future) or is_plain(value):
-            return value
-        if isinstance(value, DataProtoFuture):  # materialize_futures=False: the rank resolves it
-            return _worker_view(value)
-        if futures_in([value]):  # Dask resolves the futures inside it where the task runs
-            return value
-        size = sizeof(value)
-        if size < threshold:
-            return Captured(value, what)
-        self.driver_bytes["scattered"] += size
-        try:
-            return self.client.scatter(
-                [value], workers=[ref.slot.address], direct=True, hash=False
-            )[0]
-        except (CommClosedError, OSError) as exc:
-            if self._closed:
-                raise self._closed_error("send arguments") from exc
-            raise self._live.lost_or(ref.slot, ref, exc) from exc
 
     def _next_seq(self, ref: InstanceRef) -> int:
         key = ref.key
@@ -647,13 +607,6 @@ class DaskBackend:
 
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"
-
-
-def _shared_positions(args: tuple, kwargs: dict) -> tuple:
-    """Which arguments are futures of stored results (to be copied before a method sees them)."""
-    positions: list[Any] = [i for i, a in enumerate(args) if isinstance(a, Future)]
-    positions += [k for k, v in kwargs.items() if isinstance(v, Future)]
-    return tuple(positions)
 
 
 def _error_of(f: Any) -> BaseException | None:

@@ -19,7 +19,7 @@ from typing import Any
 
 from distributed import Future
 
-from ..base import InstanceRef, Slot, WorkerLostError
+from ...base import InstanceRef, Slot, WorkerLostError
 
 __all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error"]
 

@@ -7,7 +7,6 @@ page serves, so both can be tested without a cluster.
 
 from __future__ import annotations
 
-import html
 import math
 import re
 from collections import deque
@@ -15,7 +14,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..base import InstanceRef
+import jinja2
+import markupsafe
+
+from ...base import InstanceRef
 
 __all__ = [
     "WINDOW",
@@ -206,68 +208,78 @@ details { margin-top: 8px; color: #52606d; }
 """
 
 
-def _e(value: Any) -> str:
-    return html.escape(str(value), quote=True)
+#: Every ``{{ value }}`` is escaped (autoescape), so a group, rank, host or method name
+#: from a published dataset or a worker's event can never become markup on the page.
+_TEMPLATE = """\
+{% macro ms(value) %}
+{%- if value is none %}<span class="muted">-</span>{% else %}{{ value|ms }}{% endif -%}
+{% endmacro %}
+{% macro method_table(methods) %}
+{% if methods %}
+<table><tr><th>method</th><th class="num">calls</th><th class="num">errors</th>
+<th class="num">running</th><th class="num">p50 ms</th><th class="num">p90 ms</th></tr>
+{% for name, s in methods.items() %}
+<tr><td class="mono">{{ name }}</td><td class="num">{{ s["calls"] }}</td>
+<td class="num">
+{%- if s["errors"] %}<span class="err">{{ s["errors"] }}</span>{% else %}0{% endif -%}
+</td><td class="num">{{ s["running"] }}</td>
+<td class="num">{{ ms(s["p50_ms"]) }}</td><td class="num">{{ ms(s["p90_ms"]) }}</td></tr>
+{% endfor %}
+</table>
+{% else %}
+<p class="muted">no calls yet</p>
+{% endif %}
+{% endmacro %}
+<!DOCTYPE html><html><head><meta charset='utf-8'>
+<meta http-equiv="refresh" content="{{ refresh_s }}">
+<title>hybridflow worker groups</title>
+<style>{{ style }}</style></head><body><header>
+<h1><span>hybridflow</span> worker groups</h1>
+<a href="{{ status_url }}">Dask dashboard</a>
+<a href="{{ json_url }}">JSON</a>
+<span class="meta">{{ groups|length }} groups &middot; {{ ranks }} ranks
+{%- if dead %} &middot; <span class="err">{{ dead }} dead</span>{% endif %} &middot;
+scheduler {{ scheduler }} &middot; {{ updated }}</span>
+</header><main>
+{% for group in groups %}
+{% set dead_ranks = group["ranks"]|rejectattr("alive")|list|length %}
+{% set badges = [group["class"] or "?", "world size %s"|format(group["world_size"])] %}
+<section class="group"><h2>{{ group["name"] -}}
+{% for text in badges %}<span class="badge">{{ text }}</span>{% endfor %}
+{%- if dead_ranks %}<span class="badge dead">{{ dead_ranks }} dead</span>{% endif %}</h2>
+<div class="cols"><div><h3>Ranks</h3>
+<table><tr><th class="num">rank</th><th>worker address</th><th>host</th>
+<th>worker name</th><th>device</th><th>state</th></tr>
+{% for r in group["ranks"] %}
+{% set state = "alive" if r["alive"] else "dead" %}
+<tr><td class="num">{{ r["rank"] }}</td><td class="mono">{{ r["address"] }}</td>
+<td>{{ r["host"] }}</td><td>{{ r["worker_name"] }}</td><td>{{ r["device"] }}</td>
+<td><span class="{{ state }}">{{ state }}</span></td></tr>
+{% endfor %}
+</table></div><div><h3>Methods (per rank call)</h3>
+{{ method_table(group["methods"]) }}
+{% if group["internal"] %}
+<details><summary>routing and bookkeeping tasks</summary>
+{{ method_table(group["internal"]) }}
+</details>
+{% endif %}
+</div></div></section>
+{% else %}
+<p class="empty">No worker groups on this cluster right now.</p>
+{% endfor %}
+</main></body></html>
+"""
 
 
-def _ms(value: float | None) -> str:
-    return '<span class="muted">-</span>' if value is None else f"{value:,.1f}"
-
-
-def _method_table(methods: Mapping[str, dict]) -> str:
-    if not methods:
-        return '<p class="muted">no calls yet</p>'
-    rows = []
-    for name, s in methods.items():
-        err = f'<span class="err">{s["errors"]}</span>' if s["errors"] else "0"
-        rows.append(
-            f'<tr><td class="mono">{_e(name)}</td><td class="num">{s["calls"]}</td>'
-            f'<td class="num">{err}</td><td class="num">{s["running"]}</td>'
-            f'<td class="num">{_ms(s["p50_ms"])}</td><td class="num">{_ms(s["p90_ms"])}</td></tr>'
-        )
-    return (
-        '<table><tr><th>method</th><th class="num">calls</th><th class="num">errors</th>'
-        '<th class="num">running</th><th class="num">p50 ms</th><th class="num">p90 ms</th>'
-        "</tr>" + "".join(rows) + "</table>"
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
     )
+    env.filters["ms"] = lambda value: f"{value:,.1f}"
+    return env
 
 
-def _rank_table(ranks: list[dict]) -> str:
-    rows = []
-    for r in ranks:
-        state = "alive" if r["alive"] else "dead"
-        rows.append(
-            f'<tr><td class="num">{r["rank"]}</td><td class="mono">{_e(r["address"])}</td>'
-            f"<td>{_e(r['host'])}</td><td>{_e(r['worker_name'])}</td>"
-            f'<td>{_e(r["device"])}</td><td><span class="{state}">{state}</span></td></tr>'
-        )
-    return (
-        '<table><tr><th class="num">rank</th><th>worker address</th><th>host</th>'
-        "<th>worker name</th><th>device</th><th>state</th></tr>" + "".join(rows) + "</table>"
-    )
-
-
-def _group_card(group: dict) -> str:
-    dead = sum(not r["alive"] for r in group["ranks"])
-    health = f'<span class="badge dead">{dead} dead</span>' if dead else ""
-    internal = ""
-    if group["internal"]:
-        internal = (
-            "<details><summary>routing and bookkeeping tasks</summary>"
-            + _method_table(group["internal"])
-            + "</details>"
-        )
-    return (
-        f'<section class="group"><h2>{_e(group["name"])}'
-        f'<span class="badge">{_e(group["class"]) or "?"}</span>'
-        f'<span class="badge">world size {group["world_size"]}</span>{health}</h2>'
-        '<div class="cols"><div><h3>Ranks</h3>'
-        + _rank_table(group["ranks"])
-        + "</div><div><h3>Methods (per rank call)</h3>"
-        + _method_table(group["methods"])
-        + internal
-        + "</div></div></section>"
-    )
+_PAGE = _environment().from_string(_TEMPLATE)
 
 
 def render_html(
@@ -279,22 +291,15 @@ def render_html(
     json_url: str,
     refresh_s: int = 2,
 ) -> str:
-    """The whole page; every value from the cluster is escaped."""
-    ranks = sum(g["world_size"] for g in groups)
-    dead = sum(not r["alive"] for g in groups for r in g["ranks"])
-    body = "".join(_group_card(g) for g in groups) or (
-        '<p class="empty">No worker groups on this cluster right now.</p>'
-    )
-    dead_note = f' &middot; <span class="err">{dead} dead</span>' if dead else ""
-    return (
-        "<!DOCTYPE html><html><head><meta charset='utf-8'>"
-        f'<meta http-equiv="refresh" content="{int(refresh_s)}">'
-        "<title>hybridflow worker groups</title>"
-        f"<style>{_STYLE}</style></head><body><header>"
-        "<h1><span>hybridflow</span> worker groups</h1>"
-        f'<a href="{_e(status_url)}">Dask dashboard</a>'
-        f'<a href="{_e(json_url)}">JSON</a>'
-        f'<span class="meta">{len(groups)} groups &middot; {ranks} ranks{dead_note} &middot; '
-        f"scheduler {_e(scheduler)} &middot; {_e(updated)}</span>"
-        f"</header><main>{body}</main></body></html>"
+    """The whole page, from a template that escapes every value it is given."""
+    return _PAGE.render(
+        groups=groups,
+        ranks=sum(g["world_size"] for g in groups),
+        dead=sum(not r["alive"] for g in groups for r in g["ranks"]),
+        scheduler=scheduler,
+        updated=updated,
+        status_url=status_url,
+        json_url=json_url,
+        refresh_s=int(refresh_s),
+        style=markupsafe.Markup(_STYLE),
     )

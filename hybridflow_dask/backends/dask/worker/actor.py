@@ -30,9 +30,9 @@ import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from ..base import InstanceRef
-from ..hosting import EnvSwitch, annotate_error
-from .internals import enter_worker
+from ...base import InstanceRef
+from ...hosting import EnvSwitch, annotate_error
+from ..internals import enter_worker
 
 __all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate"]
 

@@ -19,8 +19,8 @@ from distributed.protocol import torch as _dask_torch  # noqa: F401  (Dask's fir
 
 from hybridflow_dask_sizeof import register_sizeof
 
-from ...protocol import DataProto
-from ...protocol.serialization import (
+from ....protocol import DataProto
+from ....protocol.serialization import (
     deserialize_dataproto,
     deserialize_tensor,
     deserialize_tensordict,

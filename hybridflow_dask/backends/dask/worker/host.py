@@ -10,9 +10,9 @@ and takes calls two ways, both into the same per-instance order:
   result goes back in the reply, a non-blocking one stays in this worker's memory,
   registered with the scheduler as an ordinary Dask key. Blocking calls without future
   inputs skip the event loop altogether: they arrive on the plugin's socket lane
-  (``socket_lane``) and their replies leave from the actor's thread;
+  (``lane_server``) and their replies leave from the actor's thread;
 - **task** (``hybridflow.call-path: task``): the call is a Dask task pinned to this worker
-  (``run_call``) that hands the call to the actor and waits off the worker's thread pool.
+  (``tasks.run_call``) that hands the call to the actor and waits off the worker's pool.
 
 Inputs that were already in this process (a colocated producer's result) are copied
 before the method sees them, so a consumer changing its input in place never changes the
@@ -26,7 +26,6 @@ import atexit
 import concurrent.futures
 import contextlib
 import copy
-import inspect
 import logging
 import os
 import sys
@@ -34,113 +33,36 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
-from distributed import Future, get_client, get_worker, rejoin, secede
 from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ..base import InstanceRef
-from ..hosting import annotate_error, explain_init_error, find_free_port, sendable
-from . import serialization  # noqa: F401  (workers decode DataProtos with it)
+from ...base import InstanceRef
+from ...hosting import find_free_port, sendable
+from ..config import apply_buffer_cache, freeze_gc
+from ..internals import add_handlers, fetch_keys, register_keys
+from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
+from ..wire.keys import CALL_TOPIC, InputKey, swap_inputs
+from ..wire.lane_protocol import lane_host
+from ..wire.messages import is_plain, pack, unpack
 from .actor import Actor, EnvGate
-from .config import apply_buffer_cache, freeze_gc
-from .dashboard import task_key
-from .internals import add_handlers, adopt_future, fetch_keys, register_keys
-from .snapshot import Captured, snapshot
-from .socket_lane import LaneServer, lane_host
-from .wire import is_plain, pack, unpack
+from .jobs import Construct, Invoke
+from .lane_server import LaneServer
 
-__all__ = [
-    "PLUGIN_NAME",
-    "InputKey",
-    "InstanceHost",
-    "create_instance",
-    "destroy_instance",
-    "run_call",
-    "skip_call",
-]
+__all__ = ["PLUGIN_NAME", "InstanceHost", "Registrar"]
 
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "hybridflow-host"
-#: The event topic each direct call is reported on (the dashboard page counts them).
-CALL_TOPIC = "hybridflow-call"
 #: How long finished direct calls gather before they go to the dashboard in one event.
 CALL_LOG_INTERVAL_S = 0.05
 #: How long a fetch on the socket lane waits for the worker's event loop.
 FETCH_TIMEOUT_S = 60.0
 #: Threads that write fetched results to lanes (the lanes' readers never write them).
 FETCH_THREADS = 2
-
-
-@dataclass(frozen=True)
-class InputKey:
-    """Stands in a direct call's arguments for a Dask key the worker fetches itself."""
-
-    key: str
-
-
-def swap_inputs(values: Any, swap: Callable[[Any], Any], depth: int = 2) -> Any:
-    """``values`` (a tuple or dict of arguments) with ``swap`` applied to each leaf."""
-    if isinstance(values, dict):
-        return {k: _swap_one(v, swap, depth) for k, v in values.items()}
-    return tuple(_swap_one(v, swap, depth) for v in values)
-
-
-def _swap_one(value: Any, swap: Callable[[Any], Any], depth: int) -> Any:
-    if depth and isinstance(value, (tuple, list, dict)) and type(value) in (tuple, list, dict):
-        inner = swap_inputs(value, swap, depth - 1)
-        return list(inner) if isinstance(value, list) else inner
-    return swap(value)
-
-
-class _Construct:
-    """The job that builds an instance in its actor's thread."""
-
-    method = "__init__"
-
-    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
-        self.cls, self.args, self.kwargs = cls, args, kwargs
-
-    def __call__(self, actor: Actor) -> None:
-        if _has_coroutines(self.cls):
-            actor.start_loop()  # the loop lives as long as the instance, from its start
-        try:
-            actor.obj = self.cls(*self.args, **self.kwargs)
-        except BaseException as exc:
-            raise annotate_error(explain_init_error(exc), actor.ref, "__init__")  # noqa: B904
-
-
-class _Invoke:
-    """The job that runs one method call in its actor's thread.
-
-    ``snapshot``: its result is copied as the method returns (see ``snapshot``), because
-    it is kept here or written later by Dask's comm, after the next call may have run.
-    """
-
-    def __init__(self, method: str, args: tuple, kwargs: dict, *, snapshot: bool) -> None:
-        self.method, self.args, self.kwargs = method, args, kwargs
-        self.capture = self._snapshot if snapshot else None
-        self._ref: InstanceRef | None = None
-
-    def __call__(self, actor: Actor) -> Any:
-        self._ref = actor.ref
-        try:
-            return getattr(actor.obj, self.method)(*self.args, **self.kwargs)
-        except BaseException as exc:
-            raise annotate_error(exc, actor.ref, self.method)  # noqa: B904
-
-    def _snapshot(self, result: Any) -> Any:
-        ref = self._ref
-        assert ref is not None
-        try:
-            return snapshot(result, f"the result of {ref.group}.{self.method} (rank {ref.rank})")
-        except TypeError as exc:
-            raise annotate_error(exc, ref, self.method) from exc.__cause__
 
 
 class InstanceHost(WorkerPlugin):
@@ -242,7 +164,7 @@ class InstanceHost(WorkerPlugin):
         start = time.time()
         try:
             args, kwargs = await self._resolve(args, kwargs, share)
-            await _wrap(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
+            await _wrap(actor.submit(driver, seq, Construct(cls, args, kwargs)))
         except BaseException as exc:
             self.forget(ref.key)
             self._log_call(actor, key, "__init__", start, "error", 0)
@@ -275,7 +197,7 @@ class InstanceHost(WorkerPlugin):
             return _error_reply(exc)
         try:
             # Kept by reference only where the driver chose to share colocated results.
-            invoke = _Invoke(method, args, kwargs, snapshot=not (keep and share))
+            invoke = Invoke(method, args, kwargs, snapshot=not (keep and share))
             result = await _wrap(actor.submit(driver, seq, invoke))
         except BaseException as exc:
             self._log_call(actor, key, method, start, "error", 0)
@@ -433,7 +355,7 @@ class InstanceHost(WorkerPlugin):
 
         # The reply is written (or its frames released) from the instance's thread before
         # the next call runs: no snapshot needed.
-        invoke = _Invoke(method, args, kwargs, snapshot=False)
+        invoke = Invoke(method, args, kwargs, snapshot=False)
         actor.submit(driver, seq, invoke).add_done_callback(answer)
 
     def handle_port(self) -> dict:
@@ -601,10 +523,6 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-def _has_coroutines(cls: type) -> bool:
-    return any(inspect.iscoroutinefunction(getattr(cls, name, None)) for name in dir(cls))
-
-
 async def _wrap(future: Any) -> Any:
     return await asyncio.wrap_future(future)
 
@@ -625,130 +543,3 @@ def _payload(result: Any, actor: Actor, method: str) -> Any:
         return result
     ref = actor.ref
     return pack(result, f"the result of {ref.group}.{method} (rank {ref.rank})", back=True)
-
-
-def _host() -> InstanceHost:
-    try:
-        return get_worker().plugins[PLUGIN_NAME]
-    except (KeyError, ValueError):
-        raise RuntimeError(
-            "this Dask worker has no hybridflow host plugin; was it started after the "
-            "DaskBackend registered it, on a cluster the backend can reach?"
-        ) from None
-
-
-# ---- the task path: functions that run as Dask tasks pinned to the worker ---------------
-
-
-def _await_off_pool(future: Any) -> Any:
-    """Wait for an actor's outcome without holding a task thread its inputs may need."""
-    secede()
-    try:
-        return future.result()
-    except BaseException as exc:
-        error = sendable(exc)
-    finally:
-        rejoin()
-    raise error  # outside the handler: Dask pickles a raised error's context too
-
-
-def create_instance(
-    ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, driver: str, seq: int
-) -> None:
-    """Build the instance (in its own actor thread) with the rank's environment."""
-    host = _host()
-    actor = host.new_actor(ref, env)
-    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
-    try:
-        _await_off_pool(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
-    except BaseException:
-        host.forget(ref.key)
-        raise
-
-
-def run_call(
-    ref: InstanceRef,
-    driver: str,
-    seq: int,
-    method: str,
-    args: tuple,
-    kwargs: dict,
-    private: tuple = (),
-    share: bool = False,
-) -> Any:
-    """One call; ``private`` lists the arguments that are shared data to copy first, and
-    ``share`` keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
-    host = _host()
-    actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
-    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
-    if private:
-        args = tuple(copy.deepcopy(a) if i in private else a for i, a in enumerate(args))
-        kwargs = {k: copy.deepcopy(v) if k in private else v for k, v in kwargs.items()}
-    invoke = _Invoke(method, args, kwargs, snapshot=not share)
-    return _await_off_pool(actor.submit(driver, seq, invoke))
-
-
-def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
-    host = _host()
-    actor = host.actors.get(ref.key)
-    if actor is None:
-        return
-    try:
-        _await_off_pool(actor.close(driver, seq))
-    finally:
-        host.forget(ref.key)
-
-
-def skip_call(instance: str, driver: str, seq: int) -> None:
-    """A call that will never run (its input failed): let later calls go ahead."""
-    _host().skip(instance, driver, seq)
-
-
-class WorkerRunner:
-    """Resolves a ``DataProtoFuture`` inside a worker (``materialize_futures=False``)."""
-
-    def submit(self, fn: Any, *args: Any, slot: Any = None, label: str = "hf") -> Any:
-        options = {"workers": [slot.address], "allow_other_workers": False} if slot else {}
-        return _client().submit(fn, *args, pure=False, key=task_key(label), **options)
-
-    def gather(self, futures: Any) -> list[Any]:
-        # Futures unpickled with a call are bound to no client: adopt them by key.
-        client = _client()
-        return client.gather([adopt_future(client, f.key) for f in futures], direct=True)
-
-    def is_future(self, obj: Any) -> bool:
-        return isinstance(obj, Future)
-
-
-def _client() -> Any:
-    """The client of the worker this code runs in (an actor's thread or a task's)."""
-    return get_client()
-
-
-def count_instances(dask_worker: Any) -> int:
-    """How many instances live in this worker process (any backend's)."""
-    host = dask_worker.plugins.get(PLUGIN_NAME)
-    return len(host.actors) if host is not None else 0
-
-
-def worker_port() -> int:
-    return find_free_port()
-
-
-def probe_worker(dask_worker: Any) -> dict:
-    """What this worker offers (its GPUs as this process sees them), and its identity."""
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = 0
-    try:
-        import torch
-
-        gpus = torch.cuda.device_count()
-    except Exception:  # no torch or no driver: a CPU worker
-        gpus = 0
-    device = "cpu"
-    if gpus:
-        first = (visible or "0").split(",")[0].strip()
-        device = f"cuda:{first}"
-    return {"gpus": gpus, "device": device, "worker_id": dask_worker.id}

@@ -1,0 +1,83 @@
+"""What ``DaskBackend`` needs of a way for calls to travel: the call-path interface.
+
+The backend writes each guarantee once, in its own flow (a rank that died fails the call
+before anything is sent, a call that could not be sent is withdrawn so later calls go
+ahead, every result's worker is remembered for liveness, one gather for every kind of
+future), and leaves to the path only how a call travels:
+
+- ``DirectPath`` (the default): a message to a handler the worker's plugin added, over
+  one long-lived stream per worker, or over the socket lane for blocking calls;
+- ``TaskPath`` (``hybridflow.call-path: task``): a Dask task pinned to the rank's worker,
+  public Dask APIs only.
+
+Either way a call's arguments are captured when it is made and its result when the
+method returns (see ``wire.snapshot``), and what the driver holds is an ordinary
+``distributed.Future`` (or, for a blocking call on the direct path, a ``ReplyFuture``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+from distributed import Future
+
+from ...base import InstanceRef, Slot
+
+__all__ = ["CallPath"]
+
+
+class CallPath(Protocol):
+    """How creations, calls, withdrawals and teardowns reach an instance."""
+
+    #: ``"direct"`` or ``"task"``: what ``DaskBackend.call_path`` reports.
+    name: str
+
+    def port(self, slot: Slot) -> int:
+        """A TCP port free on ``slot``'s host, asked of its worker."""
+        ...
+
+    def create(
+        self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, seq: int
+    ) -> Any:
+        """Build the instance on ``ref.slot`` as call number ``seq``."""
+        ...
+
+    def call(
+        self,
+        ref: InstanceRef,
+        seq: int,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        label: str,
+        blocking: bool,
+    ) -> Any:
+        """Send call number ``seq``; its arguments are captured before this returns."""
+        ...
+
+    def skip(self, ref: InstanceRef, seq: int) -> None:
+        """Call number ``seq`` will never come (or must not run): later calls go ahead."""
+        ...
+
+    def destroy(self, ref: InstanceRef, seq: int) -> Any:
+        """Drop the instance after every call issued before ``seq``."""
+        ...
+
+    def fetch(self, futures: Sequence[Future]) -> dict[str, Any]:
+        """Values of finished ``futures`` this path can fetch faster than Dask's gather
+        (the rest are left out, for Dask to gather)."""
+        ...
+
+    def plain_result(self, future: Future, default: Any) -> Any:
+        """``future``'s value if it came back with its reply, else ``default``."""
+        ...
+
+    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
+        """Those of ``futures`` whose keys the scheduler does not know yet."""
+        ...
+
+    def close(self) -> None:
+        """Stop sending; end what is still in flight."""
+        ...

@@ -1,0 +1,168 @@
+"""A plain TCP socket between a driver's calling thread and a worker's instances.
+
+A blocking call whose arguments hold no futures needs nothing from Dask on its way: not
+the scheduler, not the worker's event loop. On the socket lane the calling thread writes
+the call, a thread of the worker reads it and hands it to the instance's actor, and the
+actor's thread writes the reply, which a reader thread of the driver hands to the
+waiting caller. No event loop on either side, so no loop wake-ups and no cross-thread
+hops beyond the one into the instance's own thread (about a third of a millisecond per
+round trip here, against over a millisecond through the loops).
+
+The lane is learned over the worker's Dask comm (its port and a random token the
+connecting side must present first), so it is no more open than that comm. Clusters
+whose comms are encrypted (``tls://``) or not TCP keep every call on the Dask comm.
+
+When both ends share a host and may read each other's memory (checked as the lane
+opens, see ``same_host``), large frames are not written to the socket at all: the reader
+copies them out of the sender's memory, then sends ``release`` so that the sender may
+drop (or change) them. A worker's instance waits for that, as it would wait for a
+socket write to finish, so the next call cannot change a result still being copied.
+
+Neither end ever waits to write while it should be reading: each side's reader only
+reads and hands over (releases go out from a thread of their own, fetch replies from
+the worker's fetch threads), so two large transfers in opposite directions, or a release
+behind a large request, always make progress. Writes that make no progress for
+``send_timeout`` seconds (the driver's ``hybridflow.call-timeout``; ``STALL_TIMEOUT_S``
+on the worker) break the lane instead of blocking forever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+import queue
+import socket
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from ..wire.lane_protocol import (
+    ANSWER,
+    BUFFER,
+    CONNECT_TIMEOUT_S,
+    OFFER,
+    RELEASE,
+    YES,
+    bound_sends,
+    nodelay,
+    recv_exactly,
+)
+from ..wire.messages import read_message, write_message
+from ..wire.same_host import Probe, can_read, supported
+
+__all__ = ["Lane"]
+
+logger = logging.getLogger(__name__)
+
+
+class Lane:
+    """The driver's end of one worker's lane: requests written by the calling thread,
+    replies read by a thread of its own that settles each request's future.
+
+    ``on_broken(pending)`` is called once, in the reader thread, with the requests still
+    waiting when the connection ends (their worker died, or the lane was closed).
+    ``same_host=False`` never copies frames between the processes' memories.
+    """
+
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        token: bytes,
+        on_reply: Callable[[Any, dict], None],
+        on_broken: Callable[[list[Any]], None],
+        same_host: bool = True,
+        send_timeout: float | None = None,
+    ) -> None:
+        self._sock = nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
+        try:
+            self._leave_in_place, self._pull_from = self._open(token, same_host)
+        except BaseException:
+            self._sock.close()
+            raise
+        self._sock.settimeout(None)
+        bound_sends(self._sock, send_timeout)
+        self._on_reply, self._on_broken = on_reply, on_broken
+        #: Replies copied out of the worker's memory, to release: the reader never writes.
+        self._releases: queue.SimpleQueue[int | None] = queue.SimpleQueue()
+        self._ids = itertools.count()
+        self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
+        # id -> (context, request): a request's frames may stay in our memory until the
+        # worker has copied them, which it does before it answers.
+        self._waiting: dict[int, tuple[Any, dict]] = {}
+        self.broken = False
+        self._reader = threading.Thread(target=self._read, name="hybridflow-lane", daemon=True)
+        self._reader.start()
+        if self._pull_from is not None:
+            threading.Thread(
+                target=self._release, name="hybridflow-lane-release", daemon=True
+            ).start()
+
+    def _open(self, token: bytes, same_host: bool) -> tuple[bool, int | None]:
+        """Present the token; learn whether the worker copies from us and we from it."""
+        probe = Probe(token) if same_host and supported() else None
+        offer = OFFER.pack(probe.pid, probe.address) if probe else OFFER.pack(0, 0)
+        self._sock.sendall(token + offer)
+        copies, pid, address = ANSWER.unpack(recv_exactly(self._sock, ANSWER.size))
+        pull_from = pid if probe and can_read(pid, address, token) else None
+        self._sock.sendall(YES.pack(pull_from is not None))
+        return copies, pull_from
+
+    def request(self, msg: dict, context: Any) -> None:
+        """Send ``msg``; its reply goes to ``on_reply(context, reply)``.
+
+        Raises ``ConnectionError`` when the lane is already broken (nothing was sent).
+        """
+        with self._lock:
+            if self.broken:
+                raise ConnectionError("the lane is closed")
+            ident = next(self._ids)
+            self._waiting[ident] = (context, msg)
+        msg["id"] = ident
+        try:
+            with self._write_lock:
+                write_message(self._sock.sendall, msg, leave_in_place=self._leave_in_place)
+        except OSError:
+            self.close()  # the reader ends and reports this request with the others
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self._sock.shutdown(socket.SHUT_RDWR)
+
+    def _read(self) -> None:
+        try:
+            stream = self._sock.makefile("rb", buffering=BUFFER)
+            while True:
+                reply, copied = read_message(stream, self._pull_from)
+                ident = reply.pop("id")
+                if copied:  # the worker may drop them now
+                    self._releases.put(ident)
+                with self._lock:
+                    waiting = self._waiting.pop(ident, None)
+                if waiting is not None:
+                    self._on_reply(waiting[0], reply)
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a reply that cannot be read: the lane is no longer usable
+            logger.exception("lane to a worker failed")
+        with self._lock:
+            self.broken = True
+            pending = [context for context, _ in self._waiting.values()]
+            self._waiting = {}
+        self._releases.put(None)
+        with contextlib.suppress(OSError):
+            self._sock.close()
+        self._on_broken(pending)
+
+    def _release(self) -> None:
+        """Send the releases the reader queued, in their own thread: a release may wait
+        behind a large request being written, while the reader goes on reading."""
+        while (ident := self._releases.get()) is not None:
+            try:
+                with self._write_lock:
+                    write_message(self._sock.sendall, {"op": RELEASE, "id": ident})
+            except OSError:
+                self.close()
+                return

@@ -1,0 +1,78 @@
+"""Names both ends of the wire agree on: task keys, event topics, and stand-ins for inputs.
+
+A call's key is ``"{group}.{method}-<32 hex digits>"``: the driver makes it, the worker
+stores the result under it, and the dashboard (on the scheduler) groups calls by its
+prefix. A future among a direct call's arguments travels as an ``InputKey`` that the
+worker resolves itself.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["CALL_TOPIC", "GROUP_DATASET", "InputKey", "swap_inputs", "task_key"]
+
+#: Prefix of the published datasets that list each group's instances (the backend writes them).
+GROUP_DATASET = "hybridflow-group-"
+#: Event topic of a finished direct call: ``{"key", "group", "method", "rank", "worker",
+#: "start", "stop", "status": "OK" | "error", "nbytes"}``, times from the worker's clock.
+CALL_TOPIC = "hybridflow-call"
+
+
+def task_key(label: str) -> str:
+    """A unique task key ``"{group}.{method}-<uuid hex>"`` for a call labelled ``label``.
+
+    Hyphens in the label become underscores: Dask's ``key_split`` cuts a key at its first
+    hyphen, which would show ``actor`` for every task of group ``actor-rollout`` in its
+    dashboard instead of ``actor_rollout.generate_sequences``.
+    """
+    return f"{label.replace('-', '_')}-{_key_ids.next()}"
+
+
+class _KeyIds:
+    """32 hex digits per key: a random per-process prefix and a counter.
+
+    ``uuid4()`` per call read the OS's random source every time; this is as unique across
+    drivers (the prefix) and within one (the counter), and a forked child draws a new
+    prefix. The counter's leading zeros keep a digit in every id, so Dask's ``key_split``
+    never mistakes an all-letter id for part of the name.
+    """
+
+    def __init__(self) -> None:
+        self._pid = -1
+        self._prefix = ""
+        self._counter = itertools.count()
+
+    def next(self) -> str:
+        if self._pid != os.getpid():
+            self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
+        return f"{self._prefix}{next(self._counter):012x}"
+
+
+_key_ids = _KeyIds()
+
+
+@dataclass(frozen=True)
+class InputKey:
+    """Stands in a direct call's arguments for a Dask key the worker fetches itself."""
+
+    key: str
+
+
+def swap_inputs(values: Any, swap: Callable[[Any], Any], depth: int = 2) -> Any:
+    """``values`` (a tuple or dict of arguments) with ``swap`` applied to each leaf."""
+    if isinstance(values, dict):
+        return {k: _swap_one(v, swap, depth) for k, v in values.items()}
+    return tuple(_swap_one(v, swap, depth) for v in values)
+
+
+def _swap_one(value: Any, swap: Callable[[Any], Any], depth: int) -> Any:
+    if depth and isinstance(value, (tuple, list, dict)) and type(value) in (tuple, list, dict):
+        inner = swap_inputs(value, swap, depth - 1)
+        return list(inner) if isinstance(value, list) else inner
+    return swap(value)
