@@ -13,7 +13,7 @@ verl and ray come with the optional extra ``compare`` (``pip install -e '.[compa
 without them only our side runs, with a message saying so. verl 0.9.1 has no predefined
 ``Dispatch.RANK_ZERO`` functions, so its RANK_ZERO case is ``Execute.RANK_ZERO``.
 
-    python benchmarks/compare_verl.py [--quick] [--no-verl] [--out benchmarks/results]
+    python benchmarks/compare_verl.py [--quick] [--no-verl] [--tls] [--out benchmarks/results]
 """
 
 from __future__ import annotations
@@ -104,17 +104,20 @@ class Bench(hf.Worker):
 
 
 class Ours:
-    """hybridflow_dask on an owned 4-worker DaskBackend with the default call path."""
+    """hybridflow_dask on an owned 4-worker DaskBackend with the default call path; with
+    ``tls`` every comm of that cluster is ``tls://`` (a temporary certificate), and so
+    is every socket lane."""
 
     name = "hybridflow_dask"
 
-    def __init__(self) -> None:
+    def __init__(self, tls: bool = False) -> None:
         self.backend: DaskBackend | None = None
         self.call_path = "?"
+        self.tls = tls
 
     def start(self) -> None:
-        self.backend = DaskBackend(n_workers=4)
-        self.call_path = self.backend.call_path
+        self.backend = DaskBackend(n_workers=4, security=self.tls or None)
+        self.call_path = self.backend.call_path + (" over TLS" if self.tls else "")
 
     def stop(self) -> None:
         if self.backend is not None:
@@ -136,11 +139,10 @@ class Ours:
         futures = [group.noop_async() for _ in range(calls)]
         self.backend.gather([f for fl in futures for f in fl])
 
-    @staticmethod
-    def ready() -> float:
+    def ready(self) -> float:
         """From nothing to a group of 2 answering its first call: a fresh DaskBackend()."""
         start = time.perf_counter()
-        backend = DaskBackend()
+        backend = DaskBackend(security=self.tls or None)
         try:
             group = hf.WorkerGroup(hf.ResourcePool([2]), Bench, backend=backend)
             group.noop()
@@ -423,6 +425,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="1 MiB data, few repeats")
     parser.add_argument("--no-verl", action="store_true", help="run our side only")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--tls", action="store_true", help="our cluster speaks only TLS (security=True)"
+    )
     args = parser.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
     args.out.mkdir(parents=True, exist_ok=True)
@@ -435,7 +440,7 @@ def main(argv: list[str] | None = None) -> None:
         print(f"verl side skipped: {why_not}; running hybridflow_dask only", flush=True)
     load_start = os.getloadavg()[0]  # the machine is shared: say how busy it was
     started = time.perf_counter()
-    ours_side = Ours()
+    ours_side = Ours(tls=args.tls)
     ours = run_side(ours_side, plan, log)
     verl = run_side(Verl(), plan, log) if not why_not else None
     rows = table(ours, verl)
@@ -446,6 +451,7 @@ def main(argv: list[str] | None = None) -> None:
             "quick": args.quick,
             "world_size": 2,
             "call_path": ours_side.call_path,
+            "tls": args.tls,
             "verl_skipped": why_not,
             "versions": versions(),
             "python": sys.version.split()[0],
@@ -458,7 +464,8 @@ def main(argv: list[str] | None = None) -> None:
         "ours": ours,
         "verl": verl,
     }
-    out = args.out / ("compare_verl_quick.json" if args.quick else "compare_verl.json")
+    name = "compare_verl" + ("_tls" if args.tls else "") + ("_quick" if args.quick else "")
+    out = args.out / f"{name}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

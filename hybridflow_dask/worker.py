@@ -91,14 +91,24 @@ class WorkerHelper:
             return "127.0.0.1"
 
     @staticmethod
-    def _get_free_port() -> int:
-        with socket.socket() as sock:
-            sock.bind(("", 0))
-            return sock.getsockname()[1]
+    def _get_free_port(host: str = "127.0.0.1") -> int:
+        """A port free on ``host``'s interface, or on loopback when ``host`` is no address
+        of this machine (``MY_HOST_IP`` behind NAT): never bound on all interfaces, not
+        even for the moment it takes to ask."""
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        try:
+            with socket.socket(family) as sock:
+                sock.bind((host, 0))
+                return sock.getsockname()[1]
+        except OSError:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                return sock.getsockname()[1]
 
     def get_available_master_addr_port(self) -> tuple[str, str]:
         """``(ip, port)`` on this host, for a rendezvous of the worker's own making."""
-        return self._get_node_ip().strip("[]"), str(self._get_free_port())
+        ip = self._get_node_ip().strip("[]")
+        return ip, str(self._get_free_port(ip))
 
     def get_availale_master_addr_port(self) -> tuple[str, str]:
         """verl's misspelled name, kept (with its deprecation warning) for old callers."""

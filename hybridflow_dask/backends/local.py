@@ -80,7 +80,7 @@ class LocalBackend:
         pass
 
     def free_port(self, slot: Slot) -> int:
-        return find_free_port()
+        return find_free_port("127.0.0.1")  # every rank lives in this process
 
     # -- instances and calls ------------------------------------------------------------
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import json
 import time
 import urllib.request
@@ -21,6 +22,7 @@ from hybridflow_dask.backends.dask.scheduler.dashboard_page import (
     percentile,
     render_html,
 )
+from hybridflow_dask.backends.dask.wire.keys import CALL_TOPIC, GROUP_DATASET
 
 
 class Pinger(hf.Worker):
@@ -191,3 +193,36 @@ def test_hyphenated_group_names_keep_group_and_method_in_dask_task_prefixes(
 
     assert "actor_rollout.echo" in wait_for_streamed(hf_dask_backend.client, {"actor_rollout.echo"})
     assert groups_json(hf_dask_backend)["actor-rollout"]["methods"]["echo"]["calls"] == 1
+
+
+XSS = ("<script>alert(1)</script>", '"><img src=x onerror=alert(1)>')
+
+
+@pytest.mark.parametrize("payload", XSS)
+def test_served_page_escapes_every_published_field(hf_dask_backend, payload):
+    """Anyone who can publish a dataset names the groups and ranks the page shows."""
+    client = hf_dask_backend.client
+    group = f"evil{payload}"
+    slot = Slot(0, f"tcp://{payload}:1", f"host{payload}", device=f"dev{payload}", name=payload)
+    refs = [InstanceRef(group, payload, slot, f"Cls{payload}")]  # the rank too: any object
+    client.publish_dataset(**{GROUP_DATASET + group: refs}, override=True)
+    try:
+        now = time.time()
+        call = {"key": "k", "group": group, "method": f"m{payload}", "worker": "w"}
+        client.log_event(CALL_TOPIC, {"calls": [{**call, "start": now, "stop": now + 0.001}]})
+        deadline = time.monotonic() + 10
+        while f"m{payload}" not in groups_json(hf_dask_backend)[group]["methods"]:
+            assert time.monotonic() < deadline, "the logged call never reached the page"
+            time.sleep(0.05)
+
+        kind, page = fetch(hf_dask_backend.groups_page)
+        assert kind.startswith("text/html")
+        for raw in XSS:
+            assert raw not in page
+        assert "<script" not in page and "<img" not in page
+        shown = html.unescape(page)
+        for field in (group, f"Cls{payload}", payload, slot.address, slot.host, slot.device):
+            assert field in shown
+        assert f"m{payload}" in shown
+    finally:
+        client.unpublish_dataset(GROUP_DATASET + group)

@@ -25,6 +25,7 @@ from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.backends.dask.driver.lane import Lane
 from hybridflow_dask.backends.dask.wire.messages import (
     LEAVE_MIN,
+    ProtocolError,
     read_message,
     unpack,
     write_message,
@@ -78,7 +79,7 @@ def test_a_reader_that_cannot_copy_refuses_a_frame_left_in_place():
     a, b = socket.socketpair()
     with a, b:
         a.sendall(b"".join(bytes(c) for c in chunks))
-        with pytest.raises(OSError, match="left in the sender's memory"):
+        with pytest.raises(ProtocolError, match="left in the sender's memory"):
             read_message(b.makefile("rb"), pull_from=None)
 
 
@@ -133,7 +134,14 @@ def _lane_pair(handle, same_host=True):
         replies.append(reply)
         got.set()
 
-    lane = Lane("127.0.0.1", server.port, server.token, on_reply, lambda p: None, same_host)
+    lane = Lane(
+        "127.0.0.1",
+        server.port,
+        server.token_for("test-driver"),
+        on_reply,
+        lambda p: None,
+        same_host,
+    )
     return server, lane, replies, got
 
 

@@ -91,10 +91,10 @@ def test_a_stream_ending_mid_message_is_an_eof_error():
     b.close()
 
 
-def test_only_plain_tcp_workers_offer_a_lane():
+def test_tcp_and_tls_workers_offer_a_lane():
     assert lane_host("tcp://127.0.0.1:8786") == "127.0.0.1"
     assert lane_host("tcp://[::1]:8786") == "::1"
-    assert lane_host("tls://127.0.0.1:8786") is None
+    assert lane_host("tls://127.0.0.1:8786") == "127.0.0.1"  # its lane runs TLS
     assert lane_host("inproc://10.0.0.1/1/2") is None
 
 
@@ -103,7 +103,8 @@ def test_a_connection_without_the_token_is_closed_unanswered():
     server = LaneServer("127.0.0.1", lambda msg, reply: handled.append(msg))
     try:
         with socket.create_connection(("127.0.0.1", server.port), timeout=5) as sock:
-            sock.sendall(b"0" * 16)
+            assert len(sock.recv(16, socket.MSG_WAITALL)) == 16  # the server's challenge
+            sock.sendall(b"0" * 72)  # a claim that proves no token, and no memory offer
             write_message(sock.sendall, {"id": 1})
             # closed by the server: an end of stream, or a reset (our message was left unread)
             with contextlib.suppress(ConnectionResetError):
@@ -113,7 +114,7 @@ def test_a_connection_without_the_token_is_closed_unanswered():
         lane = Lane(
             "127.0.0.1",
             server.port,
-            server.token,
+            server.token_for("test-driver"),
             on_reply=lambda ctx, reply: replies.set(),
             on_broken=lambda pending: None,
         )
@@ -312,7 +313,7 @@ def test_the_drivers_reader_goes_on_reading_while_a_caller_holds_the_write_lock(
     lane = Lane(
         "127.0.0.1",
         server.port,
-        server.token,
+        server.token_for("test-driver"),
         on_reply=lambda ctx, reply: replies.append(ctx),
         on_broken=lambda pending: None,
     )

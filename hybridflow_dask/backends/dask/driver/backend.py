@@ -78,6 +78,11 @@ class DaskBackend:
     ``address=`` attaches to a running scheduler; ``cluster=`` or ``client=`` use any
     Dask cluster object (dask-jobqueue, dask-kubernetes, ...). ``shutdown()`` stops only
     what this backend started.
+
+    ``security`` (a ``distributed.security.Security``, or ``True`` for a temporary
+    self-signed one, which needs ``cryptography``) is TLS for the comms: a cluster the
+    backend starts then speaks only ``tls://``, and an ``address=`` is reached with those
+    credentials. A given ``client=`` or ``cluster=`` already carries its own.
     """
 
     def __init__(
@@ -85,6 +90,8 @@ class DaskBackend:
         address: str | None = None,
         cluster: Any = None,
         client: Client | None = None,
+        *,
+        security: Any = None,
         **cluster_kwargs: Any,
     ) -> None:
         if sum(x is not None for x in (address, cluster, client)) > 1:
@@ -94,6 +101,14 @@ class DaskBackend:
                 f"cluster keyword arguments {sorted(cluster_kwargs)} only apply to a cluster "
                 "the backend starts itself"
             )
+        if security is not None and (cluster is not None or client is not None):
+            raise ValueError(
+                "security= applies to a cluster the backend starts or to an address=; a "
+                "given client= or cluster= carries its own security: make it with yours"
+            )
+        from .connect import resolve_security
+
+        security = resolve_security(security)
         self._owned_cluster = None
         self.choice: ClusterChoice | None = None
         if client is not None:
@@ -101,10 +116,12 @@ class DaskBackend:
         else:
             if cluster is None and address is None:
                 n = cluster_kwargs.pop("n_workers", 0)
-                cluster, self.choice = start_local_cluster(n, **cluster_kwargs)
+                cluster, self.choice = start_local_cluster(n, security=security, **cluster_kwargs)
                 self._owned_cluster = cluster
             target = address if address is not None else cluster
-            self.client = open_client(target, set_as_default=False, direct_to_workers=True)
+            self.client = open_client(
+                target, security=security, set_as_default=False, direct_to_workers=True
+            )
             self._owns_client = True
         self.cluster = cluster if cluster is not None else getattr(self.client, "cluster", None)
         self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"

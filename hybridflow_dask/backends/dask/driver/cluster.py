@@ -2,7 +2,8 @@
 
 ``dask_cuda.LocalCUDACluster`` (one worker per GPU, each pinned to its device) when
 dask-cuda is importable and NVML sees GPUs; otherwise ``distributed.LocalCluster`` with
-one single-threaded worker process per slot. Both listen on the loopback interface.
+one single-threaded worker process per slot. Both listen on the loopback interface, and
+speak only TLS when given a ``Security`` (scheduler, workers, nannies and clients alike).
 """
 
 from __future__ import annotations
@@ -108,8 +109,14 @@ class _SlotCluster(_KeepRestartedWorkers, LocalCluster):
         return f"hf-slot-{worker_number}"
 
 
-def start_local_cluster(n_workers: int, **kwargs: Any) -> tuple[Any, ClusterChoice]:
-    """Start the cluster ``probe_local_cluster`` picks; extra ``kwargs`` go to its constructor."""
+def start_local_cluster(
+    n_workers: int, *, security: Any = None, **kwargs: Any
+) -> tuple[Any, ClusterChoice]:
+    """Start the cluster ``probe_local_cluster`` picks; extra ``kwargs`` go to its constructor.
+
+    With ``security`` (a ``distributed.security.Security``) every comm is ``tls://``, so
+    nothing reaches the scheduler or a worker without a certificate the CA signed.
+    """
     choice = probe_local_cluster()
     logger.info("DaskBackend starts a %s: %s", choice.kind, choice.reason)
     options: dict[str, Any] = {
@@ -117,6 +124,9 @@ def start_local_cluster(n_workers: int, **kwargs: Any) -> tuple[Any, ClusterChoi
         "dashboard_address": "127.0.0.1:0",
         **kwargs,
     }
+    if security is not None:
+        options["security"] = security
+        options.setdefault("protocol", "tls://")
     with dask.config.set({"distributed.scheduler.no-workers-timeout": "3s"}):
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster

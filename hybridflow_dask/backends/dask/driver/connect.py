@@ -6,8 +6,11 @@ nobody answers on retries for Dask's 30 s connect timeout and ends in a long tra
 Here a malformed address is a ``ValueError`` before anything starts (checked by plain
 parsing, without importing ``distributed``, so the CLI can check it instantly), and a
 reachable scheduler is proven with one comm handshake bounded by
-``hybridflow.connect-timeout`` before a ``Client`` is built. A ``Client`` that still
-fails to start is closed on the spot, so nothing is left to hang at exit.
+``hybridflow.connect-timeout`` before a ``Client`` is built, with the same TLS
+credentials (``security=``) the client will use. A ``Client`` that still fails to start
+is closed on the spot, so nothing is left to hang at exit. When TLS is what went wrong
+(a ``tls://`` address without credentials, credentials for a ``tcp://`` address, a failed
+handshake, a ``tcp://`` address where the scheduler speaks TLS) the error says so.
 """
 
 from __future__ import annotations
@@ -16,10 +19,12 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import re
 import socket
+import ssl
 from typing import Any
 
-__all__ = ["SchedulerUnreachableError", "open_client", "validate_address"]
+__all__ = ["SchedulerUnreachableError", "open_client", "resolve_security", "validate_address"]
 
 logger = logging.getLogger(__name__)
 
@@ -31,11 +36,18 @@ DISCARD_WAIT_S = 2.0
 
 
 class SchedulerUnreachableError(ConnectionError):
-    """No Dask scheduler answered at ``address`` within ``timeout`` seconds."""
+    """No Dask scheduler answered at ``address`` within ``timeout`` seconds, or TLS failed.
+
+    ``reason`` is the cause in words; a TLS one starts with ``TLS``.
+    """
 
     def __init__(self, address: str, timeout: float, why: str) -> None:
         self.address = address
         self.timeout = timeout
+        self.reason = why
+        if why.startswith("TLS"):  # it says what to check; the generic advice would mislead
+            super().__init__(f"cannot connect to the Dask scheduler at {address} ({why})")
+            return
         super().__init__(
             f"no Dask scheduler answered at {address} within {timeout:g} s ({why}): check that "
             "`dask scheduler` runs there and that host and port are right and reachable "
@@ -106,46 +118,76 @@ def _unknown_scheme(scheme: str) -> str | None:
     return None
 
 
-def open_client(target: Any, *, timeout: float | None = None, **client_kwargs: Any) -> Any:
+def resolve_security(security: Any) -> Any:
+    """``None`` for no TLS, a ``Security`` as given, or a temporary one for ``True``."""
+    if security is None or security is False:
+        return None
+    from distributed.security import Security
+
+    if security is True:
+        try:
+            return Security.temporary()
+        except ImportError as exc:
+            raise ImportError(
+                "security=True makes a temporary self-signed certificate, which needs the "
+                "`cryptography` package (pip install cryptography); or pass a "
+                "distributed.security.Security made from your own certificate files"
+            ) from exc
+    if not isinstance(security, Security):
+        raise TypeError(
+            "security must be a distributed.security.Security or True, not "
+            f"{type(security).__name__}"
+        )
+    return security
+
+
+def open_client(
+    target: Any, *, timeout: float | None = None, security: Any = None, **client_kwargs: Any
+) -> Any:
     """A ``distributed.Client`` on ``target``: a scheduler address or a cluster object.
 
     An address is validated (``ValueError``) and probed within ``timeout`` seconds
     (default ``hybridflow.connect-timeout``; ``SchedulerUnreachableError`` naming it)
-    before the client is built. ``client_kwargs`` go to ``Client``.
+    before the client is built. ``security`` (a ``Security``) is used by the probe and the
+    client alike; ``client_kwargs`` go to ``Client``.
     """
     from distributed import Client
 
+    if security is not None:
+        client_kwargs["security"] = security
     if isinstance(target, str):
         target = validate_address(target)
         if timeout is None:
             from ..config import connect_timeout
 
             timeout = connect_timeout()
-        _probe(target, timeout)
+        _probe(target, timeout, security)
     client = Client.__new__(Client)
     try:
         client.__init__(target, **client_kwargs)
     except BaseException as exc:
         _discard(client)
         if isinstance(target, str) and isinstance(exc, OSError):
-            raise SchedulerUnreachableError(target, timeout or 0.0, _reason(exc, target)) from exc
+            why = _reason(exc, target, security)
+            raise SchedulerUnreachableError(target, timeout or 0.0, why) from exc
         raise
     return client
 
 
-def _probe(address: str, timeout: float) -> None:
+def _probe(address: str, timeout: float, security: Any = None) -> None:
     """One comm connection and handshake with the scheduler, or the error that says why."""
     try:
-        _run(_connect_once(address, timeout))
+        _run(_connect_once(address, timeout, security))
     except Exception as exc:
-        raise SchedulerUnreachableError(address, timeout, _reason(exc, address)) from None
+        why = _reason(exc, address, security)
+        raise SchedulerUnreachableError(address, timeout, why) from None
 
 
-async def _connect_once(address: str, timeout: float) -> None:
+async def _connect_once(address: str, timeout: float, security: Any = None) -> None:
     from distributed.comm import connect
     from distributed.security import Security
 
-    args = Security().get_connection_args("client")
+    args = (security or Security()).get_connection_args("client")
     comm = await asyncio.wait_for(connect(address, timeout=timeout, **args), timeout + 1)
     await comm.close()
 
@@ -161,22 +203,30 @@ def _run(coro: Any) -> None:
         pool.submit(asyncio.run, coro).result()
 
 
-def _reason(exc: BaseException, address: str) -> str:
+def _reason(exc: BaseException, address: str, security: Any = None) -> str:
     """The cause, in words a user can act on (the chain first, then a quick look)."""
     chain = []
     seen: BaseException | None = exc
     while seen is not None and seen not in chain:
         chain.append(seen)
         seen = seen.__cause__ or seen.__context__
+    mismatch = _tls_mismatch(address, security)
+    if mismatch:
+        return mismatch
     if any(isinstance(e, ConnectionRefusedError) for e in chain):
         return REFUSED
     if any(isinstance(e, socket.gaierror) for e in chain):
         return UNRESOLVED
+    failed = _tls_failure(chain)
+    if failed:
+        return TLS_HANDSHAKE.format(detail=failed)
     # Dask retries until the timeout, so the last error may be a cancelled attempt:
     # look once more, briefly, at what answers there.
     found = _look(address)
     if found:
         return found
+    if _scheme(address) not in TLS_SCHEMES and _speaks_tls(address):
+        return TLS_EXPECTED
     if any(isinstance(e, TimeoutError) or "Timed out" in str(e) for e in chain):
         return "timed out"
     first = str(exc).splitlines()[0] if str(exc) else ""
@@ -185,6 +235,76 @@ def _reason(exc: BaseException, address: str) -> str:
 
 REFUSED = "connection refused: nothing listens on that port"
 UNRESOLVED = "the host name does not resolve"
+TLS_SCHEMES = frozenset({"tls", "wss"})
+TLS_NO_CREDENTIALS = (
+    "TLS: the address asks for TLS but no TLS credentials were given: pass security=, a "
+    "distributed.security.Security with the CA that signed the scheduler's certificate "
+    "(tls_ca_file) and a client certificate and key (tls_client_cert, tls_client_key)"
+)
+TLS_NOT_ENCRYPTED = (
+    "TLS: the credentials given (security=) require encryption but {scheme}:// is not "
+    "encrypted: use the scheduler's tls:// address"
+)
+TLS_HANDSHAKE = (
+    "TLS handshake failed ({detail}): check that the scheduler uses TLS, that security='s "
+    "tls_ca_file is the CA that signed the scheduler's certificate, and that its client "
+    "certificate and key (tls_client_cert, tls_client_key) are signed by a CA the scheduler "
+    "trusts"
+)
+TLS_EXPECTED = (
+    "TLS: the scheduler there speaks TLS: use its tls:// address and pass security= with "
+    "the cluster's CA and a client certificate and key"
+)
+
+
+def _scheme(address: str) -> str:
+    scheme, sep, _ = address.partition("://")
+    return scheme.lower() if sep else "tcp"
+
+
+def _tls_mismatch(address: str, security: Any) -> str | None:
+    """A TLS address without credentials, or credentials that refuse a plain address."""
+    args = security.get_connection_args("client") if security is not None else {}
+    scheme = _scheme(address)
+    if scheme in TLS_SCHEMES and args.get("ssl_context") is None:
+        return TLS_NO_CREDENTIALS
+    if scheme in ("tcp", "ws") and args.get("require_encryption"):
+        return TLS_NOT_ENCRYPTED.format(scheme=scheme)
+    return None
+
+
+_SSL_CODE = re.compile(r"\[SSL: (\w+)\]")
+
+
+def _tls_failure(chain: list[BaseException]) -> str | None:
+    """What the TLS layer said, if it is what failed (Dask sometimes keeps only its text)."""
+    for error in chain:
+        if isinstance(error, ssl.SSLError):
+            return getattr(error, "verify_message", None) or error.reason or str(error)
+    for error in chain:
+        code = _SSL_CODE.search(str(error))
+        if code:
+            return code.group(1)
+        if "TLS certificate" in str(error):
+            return str(error).splitlines()[0]
+    return None
+
+
+def _speaks_tls(address: str, wait_s: float = 1.0) -> bool:
+    """Whether whatever listens at ``address`` answers a TLS hello (a TLS-only scheduler)."""
+    _, sep, location = address.partition("://")
+    host, port = _split_host_port(location if sep else address)
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE  # only asking whether it speaks TLS, not trusting it
+    try:
+        raw = socket.create_connection((host.strip("[]"), int(port or 0)), wait_s)
+        with raw, context.wrap_socket(raw):
+            return True
+    except ssl.SSLError as exc:  # an alert (e.g. "certificate required") is still TLS
+        return "ALERT" in (exc.reason or "")
+    except (OSError, ValueError):
+        return False
 
 
 def _look(address: str, wait_s: float = 1.0) -> str | None:

@@ -41,8 +41,8 @@ from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import call_timeout
 from ..internals import fail_future, finish_future, future_state, pending_future, wait_future
 from ..wire.keys import InputKey, swap_inputs, task_key
-from ..wire.lane_protocol import lane_host
-from ..wire.messages import pack, plain_call, unpack
+from ..wire.lane_protocol import is_tls, lane_host
+from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .lane import Lane
 from .liveness import Liveness, futures_in, lost_error
@@ -226,10 +226,10 @@ class DirectPath:
     def port(self, slot: Slot) -> int:
         return self._ask("hf_port", slot)
 
-    def _ask(self, op: str, slot: Slot, timeout: float | None = None) -> Any:
+    def _ask(self, op: str, slot: Slot, timeout: float | None = None, **msg: Any) -> Any:
         """The answer to a question for ``slot``'s worker (from the caller's thread)."""
         future = ReplyFuture(op)
-        self._post(_Message(op, slot, None, None, {}, [], future))
+        self._post(_Message(op, slot, None, None, msg, [], future))
         return future.result(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
@@ -348,19 +348,24 @@ class DirectPath:
 
     def _open_lane(self, slot: Slot) -> Lane | None:
         try:
-            offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S)
+            offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S, driver=self.driver_id)
             if offer is None:
                 return None
-            port, token = offer
+            port, token_id, token = offer
             host = lane_host(slot.address)
+            tls = None
+            if is_tls(slot.address):  # the worker's lane runs TLS: show our certificate
+                tls = self.client.security.get_connection_args("client")["ssl_context"]
             return Lane(
                 host,
                 port,
-                token,
+                (token_id, token),
                 self._lane_reply,
                 self._lane_broken,
                 same_host=self._same_host_copy,
                 send_timeout=call_timeout(),
+                limits=LaneLimits.from_config(),
+                tls=tls,
             )
         except Exception as exc:  # no lane, for this process: its calls use the Dask comm
             logger.debug("no socket lane to %s: %r", slot.address, exc)

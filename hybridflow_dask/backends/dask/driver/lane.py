@@ -33,23 +33,21 @@ import itertools
 import logging
 import queue
 import socket
+import ssl
 import threading
 from collections.abc import Callable
 from typing import Any
 
 from ..wire.lane_protocol import (
-    ANSWER,
     BUFFER,
     CONNECT_TIMEOUT_S,
-    OFFER,
     RELEASE,
-    YES,
     bound_sends,
     nodelay,
-    recv_exactly,
+    open_as_driver,
 )
-from ..wire.messages import read_message, write_message
-from ..wire.same_host import Probe, can_read, supported
+from ..wire.messages import LaneLimits, read_message, write_message
+from ..wire.tls import TLSChannel
 
 __all__ = ["Lane"]
 
@@ -69,21 +67,32 @@ class Lane:
         self,
         host: str,
         port: int,
-        token: bytes,
+        token: tuple[bytes, bytes],
         on_reply: Callable[[Any, dict], None],
         on_broken: Callable[[list[Any]], None],
         same_host: bool = True,
         send_timeout: float | None = None,
+        limits: LaneLimits | None = None,
+        tls: ssl.SSLContext | None = None,
     ) -> None:
-        self._sock = nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
+        raw = nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
+        self._sock: Any = raw
+        #: Whether the lane runs TLS (on a TLS cluster, with the cluster's certificates).
+        self.tls = tls is not None
         try:
-            self._leave_in_place, self._pull_from = self._open(token, same_host)
+            if tls is not None:
+                self._sock = TLSChannel(raw, tls, server_side=False)
+            token_id, secret = token
+            self._leave_in_place, self._pull_from = open_as_driver(
+                self._sock, token_id, secret, same_host=same_host
+            )
         except BaseException:
-            self._sock.close()
+            raw.close()
             raise
         self._sock.settimeout(None)
         bound_sends(self._sock, send_timeout)
         self._on_reply, self._on_broken = on_reply, on_broken
+        self._limits = limits or LaneLimits()
         #: Replies copied out of the worker's memory, to release: the reader never writes.
         self._releases: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._ids = itertools.count()
@@ -99,16 +108,6 @@ class Lane:
             threading.Thread(
                 target=self._release, name="hybridflow-lane-release", daemon=True
             ).start()
-
-    def _open(self, token: bytes, same_host: bool) -> tuple[bool, int | None]:
-        """Present the token; learn whether the worker copies from us and we from it."""
-        probe = Probe(token) if same_host and supported() else None
-        offer = OFFER.pack(probe.pid, probe.address) if probe else OFFER.pack(0, 0)
-        self._sock.sendall(token + offer)
-        copies, pid, address = ANSWER.unpack(recv_exactly(self._sock, ANSWER.size))
-        pull_from = pid if probe and can_read(pid, address, token) else None
-        self._sock.sendall(YES.pack(pull_from is not None))
-        return copies, pull_from
 
     def request(self, msg: dict, context: Any) -> None:
         """Send ``msg``; its reply goes to ``on_reply(context, reply)``.
@@ -135,7 +134,7 @@ class Lane:
         try:
             stream = self._sock.makefile("rb", buffering=BUFFER)
             while True:
-                reply, copied = read_message(stream, self._pull_from)
+                reply, copied = read_message(stream, self._pull_from, self._limits)
                 ident = reply.pop("id")
                 if copied:  # the worker may drop them now
                     self._releases.put(ident)

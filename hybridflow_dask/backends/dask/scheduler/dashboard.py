@@ -287,6 +287,7 @@ class GroupsPage(_MonitorHandler):
         )
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
+        self.set_header("X-Content-Type-Options", "nosniff")
         self.write(page)
 
 
@@ -297,7 +298,10 @@ class GroupsJson(_MonitorHandler):
             return
         self.set_header("Content-Type", "application/json")
         self.set_header("Cache-Control", "no-store")
-        self.write(json.dumps({"scheduler": self.scheduler.address, "groups": monitor.snapshot()}))
+        # nosniff: a browser never reads the published names in it as HTML.
+        self.set_header("X-Content-Type-Options", "nosniff")
+        body = {"scheduler": self.scheduler.address, "groups": monitor.snapshot()}
+        self.write(json.dumps(body, default=str))
 
 
 def add_routes(scheduler: Any) -> bool:

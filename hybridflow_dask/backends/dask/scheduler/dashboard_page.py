@@ -2,7 +2,9 @@
 
 Pure Python, no Dask import: the scheduler plugin in ``dashboard`` feeds it call
 outcomes and group membership, and this module turns them into the JSON and HTML the
-page serves, so both can be tested without a cluster.
+page serves, so both can be tested without a cluster. Whoever can publish a dataset on the
+scheduler chooses the names shown, so the HTML comes from a Jinja2 template with
+autoescaping on (as Dask's own pages are made): no value reaches the page unescaped.
 """
 
 from __future__ import annotations
@@ -150,7 +152,7 @@ def group_view(
     name: str, refs: Iterable[InstanceRef], live: Mapping[str, str], stats: CallStats
 ) -> dict[str, Any]:
     """One group as the page shows it; ``live`` maps worker addresses now up to their names."""
-    refs = sorted(refs, key=lambda r: r.rank)
+    refs = sorted(refs, key=_rank_order)
     methods, internal = stats.tables(name)
     return {
         "name": name,
@@ -170,6 +172,14 @@ def group_view(
         "methods": methods,
         "internal": internal,
     }
+
+
+def _rank_order(ref: InstanceRef) -> tuple[int, int, str]:
+    """Ranks in order; anything else a publisher put there last, so it cannot break the page."""
+    rank = ref.rank
+    if isinstance(rank, int) and not isinstance(rank, bool):
+        return 0, rank, ""
+    return 1, 0, repr(rank)
 
 
 # -- HTML -------------------------------------------------------------------------------

@@ -11,8 +11,11 @@ would come back as a list and an ``IntEnum`` as an ``int``, so those go through 
 
 from __future__ import annotations
 
+import logging
 import pickle
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, BinaryIO
 
 from distributed.protocol.serialize import Serialized, deserialize, serialize
@@ -20,9 +23,13 @@ from distributed.protocol.serialize import Serialized, deserialize, serialize
 from ....protocol.large_memory import take
 from .same_host import address_of, pull
 
+logger = logging.getLogger(__name__)
+
 __all__ = [
     "LEAVE_MIN",
     "Framed",
+    "LaneLimits",
+    "ProtocolError",
     "is_plain",
     "pack",
     "plain_call",
@@ -149,24 +156,85 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     return [frame for frame, keep in zip(frames, left) if keep]
 
 
-def read_message(stream: BinaryIO, pull_from: int | None = None) -> tuple[dict, bool]:
+class ProtocolError(ValueError):
+    """A message that breaks the lane's framing or its limits: its sender is dropped."""
+
+
+@dataclass(frozen=True)
+class LaneLimits:
+    """What one message may declare, checked before any memory is taken for it.
+
+    Defaults come from ``hybridflow.lane-max-message`` and ``hybridflow.lane-max-frames``
+    (``from_config``); the pickled part of a message (everything but tensor and array
+    frames: plain arguments, headers) is bounded apart, and smaller.
+    """
+
+    max_message_bytes: int = 64 << 30
+    max_frames: int = 100_000
+    max_meta_bytes: int = 256 << 20
+
+    @classmethod
+    def from_config(cls) -> LaneLimits:
+        import dask.config
+        from dask.utils import parse_bytes
+
+        return cls(
+            max_message_bytes=parse_bytes(dask.config.get("hybridflow.lane-max-message")),
+            max_frames=int(dask.config.get("hybridflow.lane-max-frames")),
+        )
+
+
+_NO_LIMITS = LaneLimits()
+
+
+def read_message(
+    stream: BinaryIO,
+    pull_from: int | None = None,
+    limits: LaneLimits = _NO_LIMITS,
+    started: Callable[[], None] | None = None,
+) -> tuple[dict, bool]:
     """The next message from a buffered reader, its ``Framed`` values still packed, and
     whether any frame was copied out of the sender's memory (process ``pull_from``).
 
-    Raises ``EOFError`` when the stream ends, also mid-message, and ``OSError`` when a
-    frame left in the sender's memory cannot be copied.
+    ``started`` is called once the message's header is in (the rest should follow
+    promptly). Raises ``EOFError`` when the stream ends, also mid-message, ``OSError``
+    when a frame left in the sender's memory cannot be copied, and ``ProtocolError``
+    when the message is malformed or declares more than ``limits`` allow.
     """
     body_size, count = _HEAD.unpack(_read(stream, _HEAD.size))
+    if started is not None:
+        started()
+    if count > limits.max_frames:
+        raise ProtocolError(f"a message declared {count} frames (limit {limits.max_frames})")
+    if body_size > limits.max_meta_bytes:
+        raise ProtocolError(
+            f"a message declared {body_size} bytes of pickled data (limit {limits.max_meta_bytes})"
+        )
     lengths = struct.unpack(f"!{count}Q", _read(stream, 8 * count)) if count else ()
+    total = body_size + sum(length & ~_LEFT for length in lengths)
+    if total > limits.max_message_bytes:
+        raise ProtocolError(
+            f"a message declared {total} bytes (limit hybridflow.lane-max-message="
+            f"{limits.max_message_bytes})"
+        )
     msg = pickle.loads(_read(stream, body_size))
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
+    declared = sum(v.count for v in msg.values() if isinstance(v, Framed))
+    if declared != count:
+        raise ProtocolError(f"a message carries {count} frames but its values name {declared}")
     frames = []
     copied = False
     for length in lengths:
         if length & _LEFT:
             if pull_from is None:
-                raise OSError("a frame was left in the sender's memory, which cannot be read")
+                raise ProtocolError("a frame was left in the sender's memory, which is not allowed")
             (address,) = _ADDRESS.unpack(_read(stream, _ADDRESS.size))
-            frames.append(pull(pull_from, address, take(length & ~_LEFT)))
+            try:
+                frames.append(pull(pull_from, address, take(length & ~_LEFT)))
+            except OSError as exc:
+                logger.warning("a lane frame could not be copied from its sender: %s", exc)
+                raise
             copied = True
         else:
             frames.append(_read(stream, length))

@@ -19,7 +19,6 @@ and nowhere else:
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 import numpy
@@ -51,17 +50,15 @@ def _own(frame: Any) -> Any:
 def snapshot(value: Any, what: str) -> Any:
     """A copy of ``value`` that shares no mutable memory with it (plain values as they are).
 
-    A value that cannot be deep-copied (it holds a lock, say) goes through Dask's
-    serializers and back instead; one that can do neither could not reach its caller
-    either: ``TypeError`` naming ``what``.
+    Made the way the value would travel: serialized (tensors as views, no copy), its
+    frames copied once (large ones into reused blocks: fresh memory is slow to touch on
+    virtual machines) and deserialized as views of those copies. A value that cannot
+    travel could not reach its caller either: ``TypeError`` naming ``what``.
     """
     if is_plain(value):
         return value
-    try:
-        return copy.deepcopy(value)
-    except Exception:
-        packed = pack(value, what, back=True)
-        return deserialize(packed.header, [_own(f) for f in packed.frames])
+    packed = pack(value, what, back=True)
+    return deserialize(packed.header, [_own(f) for f in packed.frames])
 
 
 class Captured:

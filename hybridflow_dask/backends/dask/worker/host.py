@@ -25,7 +25,6 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
-import copy
 import logging
 import os
 import sys
@@ -46,8 +45,9 @@ from ..config import apply_buffer_cache, freeze_gc
 from ..internals import add_handlers, fetch_keys, register_keys
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
 from ..wire.keys import CALL_TOPIC, InputKey, swap_inputs
-from ..wire.lane_protocol import lane_host
-from ..wire.messages import is_plain, pack, unpack
+from ..wire.lane_protocol import is_tls, lane_host
+from ..wire.messages import LaneLimits, is_plain, pack, unpack
+from ..wire.snapshot import snapshot
 from .actor import Actor, EnvGate
 from .jobs import Construct, Invoke
 from .lane_server import LaneServer
@@ -280,17 +280,23 @@ class InstanceHost(WorkerPlugin):
             "hf_lane": _as_coroutine(self.handle_lane),
         }
 
-    def handle_lane(self) -> dict:
-        """Where this worker's socket lane listens (started on first use), and its token;
-        ``None`` when the worker's comm is not plain TCP (TLS, UCX, in-process)."""
+    def handle_lane(self, driver: str = "") -> dict:
+        """Where this worker's socket lane listens (started on first use), and the token
+        ``driver`` is to prove when it opens lanes there (its own: see
+        ``wire.lane_protocol``); ``None`` when the worker's comm is neither TCP nor TLS."""
         host = lane_host(self.worker.address)
         if host is None:
             return {"status": "OK", "result": None}
         with self._lock:
             if self._lane is None:
-                self._lane = LaneServer(host, self.lane_message)
+                tls = None
+                if is_tls(self.worker.address):  # the cluster's own certificates
+                    tls = self.worker.security.get_listen_args("worker")["ssl_context"]
+                self._lane = LaneServer(
+                    host, self.lane_message, limits=LaneLimits.from_config(), tls=tls
+                )
             lane = self._lane
-        return {"status": "OK", "result": (lane.port, lane.token)}
+        return {"status": "OK", "result": (lane.port, *lane.token_for(driver))}
 
     # -- the socket lane (its connection's thread, then the actor's) ------------------------
 
@@ -359,7 +365,7 @@ class InstanceHost(WorkerPlugin):
         actor.submit(driver, seq, invoke).add_done_callback(answer)
 
     def handle_port(self) -> dict:
-        return {"status": "OK", "result": find_free_port()}
+        return {"status": "OK", "result": find_free_port(self.worker.ip)}
 
     def handle_skip(self, instance: str, driver: str, seq: int) -> dict:
         return {"status": "OK", "result": self.skip(instance, driver, seq)}
@@ -377,7 +383,9 @@ class InstanceHost(WorkerPlugin):
             if not isinstance(value, InputKey):
                 return value
             found = values[value.key]
-            return found if share or value.key not in local else copy.deepcopy(found)
+            if share or value.key not in local:
+                return found
+            return snapshot(found, f"the input {value.key}")  # the producer's: a copy
 
         return swap_inputs(args, swap), swap_inputs(kwargs, swap)
 

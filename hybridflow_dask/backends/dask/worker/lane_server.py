@@ -4,39 +4,54 @@ See ``driver.lane`` for what the lane is for and ``wire.lane_protocol`` for how 
 Each connection's thread only reads and hands messages over: replies are written by the
 instance's thread (or a fetch thread) that has them, so the reader is always free to take
 the driver's next message or a ``release``.
+
+A stranger gets little: at most ``max_handshakes`` connections are opening at once (each
+for at most ``CONNECT_TIMEOUT_S``, with nothing unpickled before the token is proven),
+every message is bounded before memory is taken for it (``LaneLimits``), a message
+started must arrive whole within ``STALL_TIMEOUT_S``, and a peer that breaks any of it
+is dropped and logged once by address. The accept loop outlives transient errors (no
+file descriptors left, say), backing off, and ends only when the server closes.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hmac
 import logging
-import secrets
 import socket
+import ssl
 import threading
+import time
+from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
 from ..wire.lane_protocol import (
-    ANSWER,
     BUFFER,
     CONNECT_TIMEOUT_S,
-    OFFER,
     RELEASE,
     STALL_TIMEOUT_S,
-    TOKEN_BYTES,
-    YES,
+    LaneRefused,
     bound_sends,
     drop,
+    new_token,
     nodelay,
-    recv_exactly,
+    open_as_worker,
 )
-from ..wire.messages import read_message, write_message
-from ..wire.same_host import Probe, can_read, supported
+from ..wire.messages import LaneLimits, ProtocolError, read_message, write_message
+from ..wire.tls import TLSChannel
 
 __all__ = ["LaneServer"]
 
 logger = logging.getLogger(__name__)
+
+#: Tokens kept, one per driver that asked (the oldest is forgotten first).
+MAX_TOKENS = 1024
+#: Connections allowed to be opening at once.
+MAX_HANDSHAKES = 16
+#: The longest the accept loop waits after an error before it tries again.
+MAX_BACKOFF_S = 1.0
+#: How often the watchdog looks for messages that stalled half-way.
+WATCH_S = 0.5
 
 
 class LaneServer:
@@ -46,17 +61,50 @@ class LaneServer:
     ``reply(answer)`` may be called from any thread, once, when the answer is ready.
     """
 
-    def __init__(self, host: str, handle: Callable[[dict, Callable[[dict], None]], None]) -> None:
+    def __init__(
+        self,
+        host: str,
+        handle: Callable[[dict, Callable[[dict], None]], None],
+        *,
+        limits: LaneLimits | None = None,
+        stall_s: float = STALL_TIMEOUT_S,
+        max_handshakes: int = MAX_HANDSHAKES,
+        tls: ssl.SSLContext | None = None,
+    ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
         self._listener = socket.create_server((host, 0), family=family)
         self.port: int = self._listener.getsockname()[1]
-        self.token = secrets.token_bytes(TOKEN_BYTES)
-        self._probe = Probe(self.token) if supported() else None
+        self._tokens: OrderedDict[bytes, bytes] = OrderedDict()
+        self._by_driver: dict[str, bytes] = {}
         self._handle = handle
+        #: The worker's server context on a TLS cluster: every lane runs TLS, both ends
+        #: showing the cluster's certificates.
+        self._tls = tls
+        self._limits = limits or LaneLimits()
+        self._stall_s = stall_s
+        self._opening = threading.BoundedSemaphore(max_handshakes)
         self._conns: set[socket.socket] = set()
+        #: connection -> when the message it is reading must be whole (mid-message only).
+        self._deadlines: dict[socket.socket, float] = {}
+        self._refused: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
         threading.Thread(target=self._accept, name="hybridflow-lane-accept", daemon=True).start()
+        threading.Thread(target=self._watch, name="hybridflow-lane-watch", daemon=True).start()
+
+    def token_for(self, driver: str) -> tuple[bytes, bytes]:
+        """The token (id, secret) a driver presents when it opens lanes here; its own."""
+        with self._lock:
+            token_id = self._by_driver.get(driver)
+            if token_id is not None and token_id in self._tokens:
+                return token_id, self._tokens[token_id]
+            token_id, token = new_token()
+            self._tokens[token_id] = token
+            self._by_driver[driver] = token_id
+            while len(self._tokens) > MAX_TOKENS:
+                old, _ = self._tokens.popitem(last=False)
+                self._by_driver = {d: t for d, t in self._by_driver.items() if t != old}
+            return token_id, token
 
     def close(self) -> None:
         with self._lock:
@@ -68,22 +116,71 @@ class LaneServer:
             with contextlib.suppress(OSError):
                 sock.close()
 
+    # -- accepting -----------------------------------------------------------------------------
+
     def _accept(self) -> None:
-        while True:
+        backoff = 0.01
+        while not self._closed:
             try:
-                conn, _ = self._listener.accept()
-            except OSError:  # closed
-                return
+                conn, peer = self._listener.accept()
+            except OSError as exc:
+                if self._closed:
+                    return
+                logger.warning("lane accept failed (%r); retrying in %.2fs", exc, backoff)
+                time.sleep(backoff)
+                backoff = min(backoff * 2, MAX_BACKOFF_S)
+                continue
+            backoff = 0.01
+            if not self._opening.acquire(blocking=False):
+                self._refuse(conn, peer, "too many connections opening at once")
+                continue
             with self._lock:
                 if self._closed:
                     conn.close()
+                    self._opening.release()
                     return
                 self._conns.add(conn)
-            threading.Thread(
-                target=self._serve, args=(conn,), name="hybridflow-lane", daemon=True
-            ).start()
+            try:
+                threading.Thread(
+                    target=self._serve, args=(conn, peer), name="hybridflow-lane", daemon=True
+                ).start()
+            except RuntimeError as exc:  # no thread could be started
+                self._opening.release()
+                self._forget(conn)
+                self._refuse(conn, peer, f"no thread for it ({exc})")
 
-    def _serve(self, conn: socket.socket) -> None:
+    def _refuse(self, conn: socket.socket, peer: Any, why: str) -> None:
+        """Drop a peer, logging the first refusal of each address."""
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        with self._lock:
+            first = address not in self._refused
+            if first and len(self._refused) < MAX_TOKENS:
+                self._refused.add(address)
+        if first:
+            logger.warning("lane refused a connection from %s: %s", address, why)
+        with contextlib.suppress(OSError):
+            conn.close()
+
+    def _forget(self, conn: socket.socket) -> None:
+        with self._lock:
+            self._conns.discard(conn)
+            self._deadlines.pop(conn, None)
+
+    # -- one connection -------------------------------------------------------------------------
+
+    def _open(self, conn: socket.socket) -> tuple[Any, int | None, bool]:
+        """TLS first on a TLS cluster, then the token: the connection to use, the driver's
+        process id to copy from (or ``None``) and whether to leave frames in place."""
+        try:
+            conn.settimeout(CONNECT_TIMEOUT_S)
+            link: Any = conn if self._tls is None else TLSChannel(conn, self._tls, server_side=True)
+            with self._lock:
+                tokens = dict(self._tokens)
+            return (link, *open_as_worker(link, tokens, same_host=True))
+        finally:
+            self._opening.release()
+
+    def _serve(self, raw: socket.socket, peer: Any) -> None:
         write_lock = threading.Lock()
         serving = threading.get_ident()
         held: dict[Any, list[Any]] = {}  # reply id -> [copied event, frames left in place]
@@ -99,48 +196,64 @@ class LaneServer:
                 drop(conn)
             if not entry[1]:
                 held.pop(answer["id"], None)
-            elif threading.get_ident() != serving and not entry[0].wait(STALL_TIMEOUT_S):
+            elif threading.get_ident() != serving and not entry[0].wait(self._stall_s):
                 # (the serving thread reads releases: it never waits for one)
-                logger.warning("a driver did not release a reply in %gs", STALL_TIMEOUT_S)
+                logger.warning("a driver did not release a reply in %gs", self._stall_s)
                 drop(conn)  # nobody copies it now: the instance goes on
 
+        def started() -> None:  # a message's header is in: the rest must follow in time
+            with self._lock:
+                self._deadlines[raw] = time.monotonic() + self._stall_s
+
+        conn: Any = raw
         try:
-            conn.settimeout(CONNECT_TIMEOUT_S)
-            if not hmac.compare_digest(recv_exactly(conn, TOKEN_BYTES), self.token):
+            try:
+                conn, pull_from, leave_in_place = self._open(raw)
+            except (LaneRefused, OSError, ValueError) as exc:
+                self._refuse(raw, peer, f"it did not open the lane properly ({exc})")
                 return
-            pid, address = OFFER.unpack(recv_exactly(conn, OFFER.size))
-            pull_from = pid if can_read(pid, address, self.token) else None
-            probe = self._probe if pid else None
-            conn.sendall(
-                ANSWER.pack(
-                    pull_from is not None, probe.pid if probe else 0, probe.address if probe else 0
-                )
-            )
-            (leave_in_place,) = YES.unpack(recv_exactly(conn, YES.size))
             conn.settimeout(None)
             nodelay(conn)
-            bound_sends(conn, STALL_TIMEOUT_S)
+            bound_sends(conn, self._stall_s)
             stream = conn.makefile("rb", buffering=BUFFER)
             while True:
-                msg, _ = read_message(stream, pull_from)
+                msg, _ = read_message(stream, pull_from, self._limits, started)
+                with self._lock:
+                    self._deadlines.pop(raw, None)
                 if msg.get("op") == RELEASE:
-                    entry = held.pop(msg["id"], None)
+                    entry = held.pop(msg.get("id"), None)
                     if entry is not None:
                         entry[0].set()
                     continue
                 try:
                     self._handle(msg, reply)
-                except Exception as exc:  # a bug on our side: the caller still gets an answer
-                    logger.exception("lane message %s failed", msg.get("id"))
+                except Exception as exc:  # a bug, or a malformed call: the caller is told
+                    logger.exception("lane message %r failed", msg.get("id"))
                     error = RuntimeError(f"the worker could not take the call: {exc!r}")
                     reply({"id": msg.get("id"), "status": "error", "exception": error})
         except (EOFError, OSError):  # the driver closed, or this server did
             pass
+        except ProtocolError as exc:  # out of bounds or malformed: this peer is done
+            self._refuse(raw, peer, str(exc))
+        except Exception as exc:  # anything else a peer's bytes caused
+            self._refuse(raw, peer, f"unreadable message ({exc!r})")
         finally:
-            with self._lock:
-                self._conns.discard(conn)
+            self._forget(raw)
             with contextlib.suppress(OSError):
-                conn.close()
+                raw.close()
             for entry in list(held.values()):  # nobody will copy them now
                 entry[0].set()
             held.clear()
+
+    def _watch(self) -> None:
+        """Drop connections whose message stopped arriving half-way."""
+        while not self._closed:
+            time.sleep(WATCH_S)
+            now = time.monotonic()
+            with self._lock:
+                late = [conn for conn, deadline in self._deadlines.items() if deadline < now]
+                for conn in late:
+                    del self._deadlines[conn]
+            for conn in late:
+                logger.warning("a lane message stalled half-way for %gs: dropped", self._stall_s)
+                drop(conn)

@@ -8,7 +8,6 @@ a worker.
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from distributed import Future, get_client, get_worker, rejoin, secede
@@ -17,7 +16,7 @@ from ...base import InstanceRef
 from ...hosting import find_free_port, sendable
 from ..internals import adopt_future
 from ..wire.keys import task_key
-from ..wire.snapshot import Captured
+from ..wire.snapshot import Captured, snapshot
 from .host import PLUGIN_NAME, InstanceHost
 from .jobs import Construct, Invoke
 
@@ -85,8 +84,9 @@ def run_call(
     actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
     args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     if private:
-        args = tuple(copy.deepcopy(a) if i in private else a for i, a in enumerate(args))
-        kwargs = {k: copy.deepcopy(v) if k in private else v for k, v in kwargs.items()}
+        what = f"an input of {ref.group}.{method}"
+        args = tuple(snapshot(a, what) if i in private else a for i, a in enumerate(args))
+        kwargs = {k: snapshot(v, what) if k in private else v for k, v in kwargs.items()}
     invoke = Invoke(method, args, kwargs, snapshot=not share)
     return _await_off_pool(actor.submit(driver, seq, invoke))
 
@@ -134,8 +134,11 @@ def count_instances(dask_worker: Any) -> int:
     return len(host.actors) if host is not None else 0
 
 
-def worker_port() -> int:
-    return find_free_port()
+def worker_port(dask_worker: Any) -> int:
+    """A port free on the host of this worker's address, which ranks use as ``MASTER_ADDR``."""
+    from distributed.comm.addressing import get_address_host
+
+    return find_free_port(get_address_host(dask_worker.address))
 
 
 def probe_worker(dask_worker: Any) -> dict:
