@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
-from .dask.driver.connect import SchedulerUnreachableError
+from .dask.driver.connect import SchedulerLostError, SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
 
 if TYPE_CHECKING:
@@ -19,6 +19,7 @@ __all__ = [
     "InstanceRef",
     "LocalBackend",
     "LocalFuture",
+    "SchedulerLostError",
     "SchedulerUnreachableError",
     "Slot",
     "WorkerLostError",

@@ -37,6 +37,11 @@ def call_timeout() -> float | None:
     return None if value is None else parse_timedelta(value, default="seconds")
 
 
+def scheduler_timeout() -> float:
+    """Seconds a lost scheduler may take to come back (``hybridflow.scheduler-timeout``)."""
+    return parse_timedelta(dask.config.get("hybridflow.scheduler-timeout"), default="seconds")
+
+
 def connect_timeout() -> float:
     """Seconds to wait for a scheduler given by address (``hybridflow.connect-timeout``)."""
     return parse_timedelta(dask.config.get("hybridflow.connect-timeout"), default="seconds")

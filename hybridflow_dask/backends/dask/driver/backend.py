@@ -37,6 +37,7 @@ from ..config import (
     fresh_processes,
     max_local_workers,
     same_host_copy,
+    scheduler_timeout,
     share_colocated_inputs,
     socket_lane,
 )
@@ -48,7 +49,7 @@ from ..worker.host import InstanceHost
 from ..worker.tasks import WorkerRunner, count_instances, probe_worker
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
-from .connect import open_client
+from .connect import SchedulerLostError, open_client
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
@@ -125,6 +126,9 @@ class DaskBackend:
             self._owns_client = True
         self.cluster = cluster if cluster is not None else getattr(self.client, "cluster", None)
         self.driver_id = f"driver-{uuid.uuid4().hex[:8]}"
+        self._scheduler_address = self.client.scheduler.address
+        #: When the client was first seen without its scheduler (``None``: it has one).
+        self._scheduler_lost_since: float | None = None
         self._lock = threading.Lock()
         self._taken: set[str] = set()
         self._dirty: set[str] = set()  # free workers a shut-down group ran in
@@ -384,6 +388,8 @@ class DaskBackend:
         except Exception as exc:
             if self._closed:
                 raise self._closed_error("gather results") from exc
+            if self.client.status != "running":  # what broke was the scheduler
+                self._check_scheduler()  # raises SchedulerLostError unless it came back
             raise
 
     def _gather(self, futures: list[Any]) -> list[Any]:
@@ -500,6 +506,16 @@ class DaskBackend:
     def shutdown(self) -> None:
         if self._closed:
             return
+        if self.client.status != "running":  # the scheduler is gone: nothing to tell it
+            self._closed = True
+            self._tasks.close()
+            self._path.close()
+            if self._owns_client:
+                with contextlib.suppress(Exception):
+                    self.client.close(timeout=SHUTDOWN_WAIT_S)
+            if self._owned_cluster is not None:
+                self._owned_cluster.close()
+            return
         if self._owned_cluster is None:
             # Groups never shut down must not outlive the backend on a cluster it attached
             # to (their instances and published names would linger there).
@@ -586,6 +602,22 @@ class DaskBackend:
     def _check_open(self, doing: str = "") -> None:
         if self._closed:
             raise self._closed_error(doing)
+        if self.client.status != "running":
+            self._check_scheduler()
+
+    def _check_scheduler(self) -> None:
+        """The client lost its scheduler: wait up to ``hybridflow.scheduler-timeout`` (from
+        when that was first seen) for it to come back, else ``SchedulerLostError``."""
+        limit = scheduler_timeout()
+        since = self._scheduler_lost_since or time.monotonic()
+        self._scheduler_lost_since = since
+        while self.client.status != "running":
+            if self._closed:
+                raise self._closed_error()
+            if time.monotonic() - since > limit:
+                raise SchedulerLostError(self._scheduler_address, limit)
+            time.sleep(0.05)
+        self._scheduler_lost_since = None
 
     def _closed_error(self, doing: str = "") -> RuntimeError:
         what = f"cannot {doing}: " if doing else ""

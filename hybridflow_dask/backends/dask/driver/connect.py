@@ -55,6 +55,26 @@ class SchedulerUnreachableError(ConnectionError):
         )
 
 
+class SchedulerLostError(ConnectionError):
+    """The Dask scheduler this backend worked with went away and did not come back within
+    ``timeout`` seconds (``hybridflow.scheduler-timeout``).
+
+    Its workers leave with it, and the groups' instances and results with them: a job
+    resumes by starting again (a new backend, new groups) from its last checkpoint.
+    """
+
+    def __init__(self, address: str, timeout: float) -> None:
+        self.address = address
+        self.timeout = timeout
+        super().__init__(
+            f"the Dask scheduler at {address} is gone (no connection for {timeout:g} s): "
+            "the worker groups on its cluster are lost with it (their instances and results "
+            "lived in workers that leave with their scheduler). Restart the job on a new "
+            "cluster from its last checkpoint; wait longer for a scheduler that restarts "
+            "with hybridflow.scheduler-timeout"
+        )
+
+
 def validate_address(address: object) -> str:
     """``address`` stripped if it looks like a scheduler address, else a ``ValueError``.
 
