@@ -26,6 +26,8 @@ _EXPORTS: dict[str, str] = {
     "DataProtoItem": ".protocol",
     "Dispatch": ".decorators",
     "Execute": ".decorators",
+    "Recovery": ".recovery",
+    "RecoveryRecord": ".recovery",
     "ResourcePool": ".resource_pool",
     "ResourcePoolManager": ".resource_pool",
     "Worker": ".worker",
@@ -77,6 +79,7 @@ if TYPE_CHECKING:  # what static tools see; tests check it names exactly _EXPORT
         DataProtoItem,
         all_gather_data_proto,
     )
+    from .recovery import Recovery, RecoveryRecord  # noqa: F401
     from .resource_pool import (  # noqa: F401
         ResourcePool,
         ResourcePoolManager,

@@ -2,9 +2,11 @@
 
 ``hybridflow-dask demo`` starts (or attaches to) a Dask cluster, prints its dashboard
 link, trains the toy GRPO policy with a live progress bar, prints a table and writes
-``metrics.json`` and ``reward.png``. ``hybridflow-dask info`` prints the local cluster
-the backend would start and the versions that matter. ``rich`` and ``matplotlib`` make
-the output nicer but are optional.
+``metrics.json`` and ``reward.png``; ``--checkpoint-every K`` saves the policy to
+``--out`` and makes the run survive a lost worker, and ``--kill-worker-at STEP`` kills
+one to show it. ``hybridflow-dask info`` prints the local cluster the backend would
+start and the versions that matter. ``rich`` and ``matplotlib`` make the output nicer
+but are optional.
 """
 
 from __future__ import annotations
@@ -88,6 +90,22 @@ def _parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--seed", type=_whole, default=0, help="seed of prompts, weights, sampling (default 0)"
     )
+    demo.add_argument(
+        "--checkpoint-every",
+        type=_positive,
+        default=None,
+        metavar="K",
+        help="save the policy to OUT/checkpoint.pt at the start and every K steps, and "
+        "survive a lost worker: rebuild its ranks, reload the checkpoint, rerun the step",
+    )
+    demo.add_argument(
+        "--kill-worker-at",
+        type=_positive,
+        default=None,
+        metavar="STEP",
+        help="fault drill: SIGKILL the last rank's worker process during STEP "
+        "(needs --checkpoint-every; workers on this machine)",
+    )
     sub.add_parser("info", help="backend choice, versions and GPUs of this machine")
     return parser
 
@@ -130,6 +148,11 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         config.validate(args.workers)
     except ValueError as exc:
         parser.error(f"--workers {args.workers}: {exc}")
+    if args.kill_worker_at is not None:
+        if args.checkpoint_every is None:
+            parser.error("--kill-worker-at needs --checkpoint-every (a checkpoint to restore)")
+        if args.kill_worker_at > args.steps:
+            parser.error(f"--kill-worker-at {args.kill_worker_at} is after the last step")
     _quiet_dask()
     from .backends.dask import DaskBackend
 
@@ -150,6 +173,9 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                     backend=backend,
                     config=config,
                     on_step=progress.update,
+                    checkpoint_every=args.checkpoint_every,
+                    checkpoint_dir=args.out,
+                    kill_worker_at=args.kill_worker_at,
                 )
             except KeyboardInterrupt:
                 print("interrupted; workers shut down", file=sys.stderr)
@@ -158,13 +184,30 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     steps = result["steps"]
     _print_table(steps)
     metrics_path = write_metrics(result, args.out, wall_s)
-    png_path = plot_rewards(steps, args.out)
+    png_path = plot_rewards(steps, args.out, result["recoveries"])
     print(
         f"reward: {reward_change(steps)}; {len(steps)} steps on {args.workers} ranks in "
-        f"{wall_s:.1f}s (mean step {sum(s['time_s'] for s in steps) / len(steps):.2f}s)"
+        f"{wall_s:.1f}s (mean step {sum(s['time_s'] for s in steps) / len(steps):.2f}s); "
+        f"{recovery_summary(result['recoveries'])}"
     )
     print(f"wrote {metrics_path}" + (f" and {png_path}" if png_path else ""))
     return 0
+
+
+def recovery_summary(recoveries: list[dict[str, Any]]) -> str:
+    """``"1 recovery (step 8: rank 1 rebuilt, 3.4s)"``, or ``"0 recoveries"``."""
+    n = len(recoveries)
+    text = f"{n} recover{'y' if n == 1 else 'ies'}"
+    if not recoveries:
+        return text
+    parts = []
+    for r in recoveries:
+        ranks = ", ".join(map(str, r["ranks"]))
+        parts.append(
+            f"step {r['step']}: rank{'s' * (len(r['ranks']) > 1)} {ranks} rebuilt, "
+            f"{r['seconds']:.1f}s"
+        )
+    return f"{text} ({'; '.join(parts)})"
 
 
 def reward_change(steps: list[dict[str, Any]], window: int = 5) -> str:

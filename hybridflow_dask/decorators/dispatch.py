@@ -22,6 +22,7 @@ from ..protocol.rows import (
     is_batch,
     pad_for_dispatch,
     padding_enabled,
+    padding_rows,
     row_count,
     slice_rows,
 )
@@ -69,8 +70,14 @@ class Dispatched(tuple):
 
 @dataclass(frozen=True)
 class DispatchFns:
+    """A mode's functions. ``passes_arguments``: the dispatch function hands every rank
+    the caller's arguments in the caller's order (each one whole, or its rank's share),
+    as every built-in DP/broadcast function does, so a call can be checked against the
+    method's signature before it is dispatched."""
+
     dispatch_fn: Callable[..., Any]
     collect_fn: Callable[..., Any]
+    passes_arguments: bool = False
 
 
 # ---- simple modes -------------------------------------------------------------------
@@ -93,6 +100,11 @@ def collect_all_to_all(worker_group: Any, output: Any) -> Any:
 
 
 def dispatch_dp_compute(worker_group: Any, *args: Any, **kwargs: Any) -> tuple[tuple, dict]:
+    """Every argument is a list (or tuple) of one value per rank; rank ``i`` gets item ``i``.
+
+    Tuples are handed on as lists, so the group splits them like lists (verl passes a
+    tuple whole to every rank although its dispatch accepted it as per-rank values).
+    """
     n = worker_group.world_size
     for name, value in _named(args, kwargs):
         if not isinstance(value, (list, tuple)) or len(value) != n:
@@ -103,9 +115,18 @@ def dispatch_dp_compute(worker_group: Any, *args: Any, **kwargs: Any) -> tuple[t
             )
             raise ValueError(
                 f"DP_COMPUTE needs one value per rank: argument {name} must be a list of "
-                f"{n} items (the group's world size), got {got}"
+                f"{n} items (the group's world size), got {got}; pass [value] * {n} to "
+                "give every rank the same value, or register the method with "
+                "Dispatch.ONE_TO_ALL"
             )
-    return args, kwargs
+    return (
+        tuple(_as_list(value) for value in args),
+        {key: _as_list(value) for key, value in kwargs.items()},
+    )
+
+
+def _as_list(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
 
 
 def collect_dp_compute(worker_group: Any, output: Any) -> Any:
@@ -116,7 +137,14 @@ def collect_dp_compute(worker_group: Any, output: Any) -> Any:
 
 
 def dispatch_dp_compute_data_proto(worker_group: Any, *args: Any, **kwargs: Any) -> Dispatched:
-    """Split every DataProto, TensorDict or DataProtoFuture argument into one chunk per rank."""
+    """Split every DataProto, TensorDict or DataProtoFuture argument into one chunk per rank.
+
+    Every argument must be one of those, all of the same length. A batch with 0 rows is
+    a ``ValueError`` (verl's ``chunk`` of an empty DataProto fails too: there is nothing
+    to give each rank); a DataProtoFuture's length is known only where it was computed,
+    so an empty one reaches the ranks as empty chunks, and a future whose length differs
+    from another argument's fails the call there, before the method runs.
+    """
     return _with_pad_key(_split_data(worker_group, worker_group.world_size, args, kwargs))
 
 
@@ -126,7 +154,8 @@ def dispatch_dp_compute_data_proto_with_func(
     """Send ``func`` to every rank with the split data."""
     if not callable(func):
         raise TypeError(
-            f"DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument, got {func!r}"
+            f"DP_COMPUTE_PROTO_WITH_FUNC takes a function as its first argument, got {func!r}; "
+            "pass the function first (it is called as func(worker, *shards)), then the data"
         )
     split = _split_data(worker_group, worker_group.world_size, args, kwargs)
     split_args, split_kwargs = split
@@ -223,6 +252,28 @@ def resolve_dispatch_mode(dispatch_mode: Any) -> DispatchFns:
     return _padding_aware(fns)
 
 
+#: Built-in dispatch functions that hand every rank the caller's arguments, in order.
+_PASSING_ARGUMENTS = frozenset(
+    {
+        dispatch_one_to_all,
+        dispatch_all_to_all,
+        dispatch_dp_compute,
+        dispatch_dp_compute_data_proto,
+        dispatch_dp_compute_data_proto_with_func,
+        dispatch_nd_compute_dataproto,
+    }
+)
+
+
+def _passes_arguments(dispatch_fn: Callable[..., Any]) -> bool:
+    if isinstance(dispatch_fn, partial):  # make_nd_compute_dataproto_dispatch_fn's
+        dispatch_fn = dispatch_fn.func
+    try:
+        return dispatch_fn in _PASSING_ARGUMENTS
+    except TypeError:  # an unhashable callable is none of them
+        return False
+
+
 def _registered(dispatch_mode: Any) -> DispatchFns:
     try:
         return _REGISTRY[dispatch_mode]
@@ -269,14 +320,25 @@ def _named(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
 def _split_data(
     worker_group: Any, n: int, args: tuple, kwargs: dict, slots: list | None = None
 ) -> Dispatched:
-    """Chunk each data argument ``n`` ways, padding where needed; all must agree on rows."""
+    """Chunk each data argument ``n`` ways, padding where needed; all must agree on rows.
+
+    Every argument in hand is checked (kind, rows, divisibility, equal lengths) before
+    any future is routed, so a bad call sends nothing to any worker.
+    """
     slots = slots if slots is not None else worker_group._rank_slots()
     named = _named(args, kwargs)
+    rows = {
+        name: _checked_rows(name, value, n)
+        for name, value in named
+        if not isinstance(value, DataProtoFuture)
+    }
+    if len(set(rows.values())) > 1:
+        detail = ", ".join(f"{name}: {count} rows" for name, count in rows.items())
+        raise ValueError(
+            f"DataProto arguments of one call must have the same length ({detail}); "
+            "pass batches whose row i belongs together, one row per sample in each"
+        )
     split = [_split_one(name, value, n, slots) for name, value in named]
-    known = {(s.rows, int(s.pad)) for s in split if s.rows is not None}
-    if len(known) > 1:
-        detail = ", ".join(f"{s.name}: {s.rows} rows" for s in split if s.rows is not None)
-        raise ValueError(f"DataProto arguments of one call must have the same length ({detail})")
     if len(split) > 1 and any(s.rows is None for s in split):
         _check_rows_on_workers(split, slots)
     chunks = [s.chunks for s in split]
@@ -295,6 +357,31 @@ class _Split:
     source: Any
 
 
+def _checked_rows(name: str, value: Any, n: int) -> int:
+    """The rows of a data argument in hand, or the error that says why it cannot be split."""
+    if not is_batch(value):
+        raise TypeError(
+            f"argument {name} must be a DataProto, TensorDict or DataProtoFuture for this "
+            f"dispatch mode, got {_describe(value)}; {_fix_for(value)}"
+        )
+    rows = row_count(value)
+    if rows == 0:
+        raise ValueError(
+            f"argument {name} has 0 rows: there is nothing to split over {n} ranks (verl's "
+            "DataProto.chunk fails on an empty batch too); skip the call when the batch is "
+            "empty, or register the method with Dispatch.ONE_TO_ALL to hand every rank the "
+            "whole batch"
+        )
+    if rows % n and not padding_enabled(value):
+        raise ValueError(
+            f"argument {name} has {rows} rows, not divisible by {n} ranks; turn on "
+            "auto padding (DataProtoConfig.auto_padding = True, VERL_AUTO_PADDING=1, or "
+            "DataProto.from_dict(..., auto_padding=True)) or send a multiple of "
+            f"{n} rows"
+        )
+    return rows
+
+
 def _split_one(name: str, value: Any, n: int, slots: list) -> _Split:
     if isinstance(value, DataProtoFuture):
         chunks, pad = value.route(n, slots)
@@ -305,23 +392,38 @@ def _split_one(name: str, value: Any, n: int, slots: list) -> _Split:
             for chunk, slot in zip(chunks, slots)
         ]
         return _Split(name, futures, pad, None, value)
-    if not is_batch(value):
-        raise TypeError(
-            f"argument {name} must be a DataProto, TensorDict or DataProtoFuture for this "
-            f"dispatch mode, got {type(value).__name__}; wrap it with DataProto.from_dict(...) "
-            "or register the method with Dispatch.ONE_TO_ALL"
-        )
-    rows = row_count(value)
-    if rows % n and not padding_enabled(value):
-        raise ValueError(
-            f"argument {name} has {rows} rows, not divisible by {n} ranks; turn on "
-            "auto padding (DataProtoConfig.auto_padding = True, VERL_AUTO_PADDING=1, or "
-            "DataProto.from_dict(..., auto_padding=True)) or send a multiple of "
-            f"{n} rows"
-        )
+    rows = _checked_rows(name, value, n)
     padded, pad = pad_for_dispatch(value, n)
     bounds = chunk_bounds(row_count(padded), n)
     return _Split(name, [slice_rows(padded, lo, hi) for lo, hi in bounds], pad, rows, value)
+
+
+def _looks_like_future(value: Any) -> bool:
+    """A backend's future (any backend's): something with ``result()`` and ``done()``."""
+    try:
+        return callable(getattr(value, "result", None)) and callable(getattr(value, "done", None))
+    except Exception:  # an object whose attribute lookup itself fails is no future
+        return False
+
+
+def _describe(value: Any) -> str:
+    if isinstance(value, list) and value and all(_looks_like_future(v) for v in value):
+        return f"a {type(value).__name__} of {len(value)} futures (a non-blocking call's result)"
+    if _looks_like_future(value):
+        return f"a {type(value).__name__} (a backend future)"
+    return type(value).__name__
+
+
+def _fix_for(value: Any) -> str:
+    if _looks_like_future(value) or (
+        isinstance(value, list) and value and all(_looks_like_future(v) for v in value)
+    ):
+        return (
+            "register the producing method with Dispatch.DP_COMPUTE_PROTO (a non-blocking "
+            "one returns a DataProtoFuture, which this mode splits), or pass "
+            "DataProto.concat(hf.get(futures))"
+        )
+    return "wrap it with DataProto.from_dict(...) or register the method with Dispatch.ONE_TO_ALL"
 
 
 def _check_rows_on_workers(split: list[_Split], slots: list) -> None:
@@ -386,7 +488,7 @@ def _padding_aware(fns: DispatchFns) -> DispatchFns:
     def dispatch_fn(worker_group: Any, *args: Any, **kwargs: Any) -> Dispatched:
         return _as_dispatched(fns.dispatch_fn(worker_group, *args, **kwargs))
 
-    return DispatchFns(dispatch_fn, fns.collect_fn)
+    return DispatchFns(dispatch_fn, fns.collect_fn, _passes_arguments(fns.dispatch_fn))
 
 
 def _as_dispatched(result: Any) -> Dispatched:
@@ -409,13 +511,23 @@ def _as_dispatched(result: Any) -> Dispatched:
     return Dispatched(tuple(args), kwargs, pad)
 
 
-def drop_padding(result: Any, pad: Any, backend: Any) -> Any:
+def drop_padding(
+    result: Any, pad: Any, backend: Any, *, source: str = "", parts: list[Any] | None = None
+) -> Any:
     """The collected ``result`` without what padding added: a DataProto's or TensorDict's
-    last ``pad`` rows, padded ranks' list entries, or, for a ``DataProtoFuture``, the pad
+    padding rows, padded ranks' list entries, or, for a ``DataProtoFuture``, the pad
     recorded for whoever resolves it. The one place padding is taken off a result.
 
     ``pad`` is what the call's ``Dispatched`` carried: an int, a ``PadRows``, or a
-    backend future of one (``backend`` gathers it).
+    backend future of one (``backend`` gathers it). How many rows a batch result loses
+    is ``protocol.rows.padding_rows``'s rule: a method that returns ``k`` rows for every
+    row it was sent (``k = 1``: one row per row; ``DataProto.repeat(k, interleave=True)``
+    for ``k`` samples per prompt), each row's results together and in input order, loses
+    exactly its last ``k * pad`` rows; any other row count under padding is a
+    ``ValueError`` naming ``source`` (``"group.method"``), the rows sent and the rows
+    returned, since the padding's rows cannot be told apart then. ``parts`` (a blocking
+    call's per-rank results) lets that check run rank by rank: every rank must return
+    ``k`` times the rows it was sent, with one ``k`` for all.
     """
     if _is_zero(pad):
         return result
@@ -425,10 +537,12 @@ def drop_padding(result: Any, pad: Any, backend: Any) -> Any:
         return result
     if backend.is_future(pad):
         pad = backend.gather([pad])[0]
+    if is_batch(result) and parts is not None:
+        _check_rows_per_rank(parts, pad, source)
     if isinstance(result, DataProto):
-        return unpad_dataproto(result, pad)
+        return unpad_dataproto(result, padding_rows(pad, len(result), source))
     if not isinstance(result, list):
-        return drop_tail(result, int(pad))
+        return drop_tail(result, pad, source)
     # verl drops one entry per padding row; a PadRows knows how many ranks really got
     # padding, so ranks that computed on real rows only keep their entries.
     padded_ranks = getattr(pad, "padded_chunks", int(pad))
@@ -439,3 +553,29 @@ def drop_padding(result: Any, pad: Any, backend: Any) -> Any:
     trimmed.__dict__.update(result.__dict__)
     list.extend(trimmed, result[:keep])
     return trimmed
+
+
+def _check_rows_per_rank(parts: list[Any], pad: Any, source: str) -> None:
+    """Every rank returned ``k`` times the rows it was sent, one ``k`` for all ranks.
+
+    Only when ``parts`` are one batch per chunk the input was split into (not an N-d
+    mesh's replicas) and ``pad`` knows the chunk size.
+    """
+    padded, chunks = getattr(pad, "padded_rows", None), getattr(pad, "chunks", None)
+    if not padded or not chunks or len(parts) != chunks or not all(map(is_batch, parts)):
+        return
+    size = padded // chunks
+    got = [row_count(part) for part in parts]
+    k = got[0] // size
+    for rank, rows in enumerate(got):
+        if rows != k * size:
+            than_zero = f", rank 0 returned {got[0]}" if rank else ""
+            raise ValueError(
+                f"{source or 'the method'} returned {rows} rows on rank {rank} for the "
+                f"{size} rows it was sent{than_zero} ({int(pad)} of the {padded} rows sent "
+                "to the ranks were auto padding): with auto padding every rank must return "
+                "the same number k of rows for every row it was sent, in input order "
+                f"(k * {size} rows), so that the last k * {int(pad)} rows of the result are "
+                "the padding's and can be dropped. Return k rows per input row, or turn "
+                f"auto padding off and send a multiple of {chunks} rows"
+            )

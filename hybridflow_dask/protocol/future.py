@@ -15,7 +15,15 @@ from typing import Any, Protocol
 import numpy as np
 
 from .data_proto import DataProto
-from .rows import Batch, PadRows, concat_batches, gather_rows, row_count, slice_rows
+from .rows import (
+    Batch,
+    PadRows,
+    concat_batches,
+    gather_rows,
+    padding_rows,
+    row_count,
+    slice_rows,
+)
 from .tensordict_ops import chunk_bounds
 
 __all__ = ["DataProtoFuture", "FutureRunner", "check_same_rows", "row_ranges"]
@@ -35,11 +43,15 @@ class FutureRunner(Protocol):
 
 @dataclass
 class DataProtoFuture:
-    """Rows ``concat(parts)[: len - pad]``, not yet materialized.
+    """Rows ``concat(parts)`` without the padding's rows, not yet materialized.
 
-    ``pad`` is an int, or a backend future of one when the producer's input was itself a
-    future (its length was not known when the call was issued). ``slots`` says where each
-    part lives so routing tasks can run there.
+    ``pad`` is the padding the producer's input was given: an int, or a backend future of
+    one when the producer's input was itself a future (its length was not known when the
+    call was issued). How many trailing rows that makes is decided where the rows are
+    counted, by ``rows.padding_rows``: ``k * pad`` for a result of ``k`` rows per row the
+    producer was sent (a ``PadRows``), ``pad`` for a plain int. ``slots`` says where each
+    part lives so routing tasks can run there; ``label`` (``"group.method"`` for a
+    group's result) names the tasks and the producer in errors.
     """
 
     parts: list[Any]
@@ -53,7 +65,7 @@ class DataProtoFuture:
         lazy_pad = self.runner.is_future(self.pad)
         values = self.runner.gather([*self.parts, self.pad] if lazy_pad else list(self.parts))
         pad = values.pop() if lazy_pad else self.pad
-        return drop_tail(concat_batches(values), pad)
+        return drop_tail(concat_batches(values), pad, self.label)
 
     def num_rows(self) -> Any:
         """A backend future of the row count, computed next to the parts (nothing moves)."""
@@ -63,7 +75,12 @@ class DataProtoFuture:
             for part, slot in zip(self.parts, part_slots)
         ]
         return self.runner.submit(
-            rows_after_pad, self.pad, *lens, slot=part_slots[0], label=f"{self.label}.rows"
+            rows_after_pad,
+            self.pad,
+            self.label,
+            *lens,
+            slot=part_slots[0],
+            label=f"{self.label}.rows",
         )
 
     def with_runner(self, runner: FutureRunner) -> DataProtoFuture:
@@ -122,6 +139,7 @@ class DataProtoFuture:
                     n,
                     padded,
                     self.pad,
+                    self.label,
                     *lens,
                     slot=slot,
                     label=f"{self.label}.route",
@@ -135,6 +153,7 @@ class DataProtoFuture:
                 n,
                 padded,
                 self.pad,
+                self.label,
                 *lens,
                 slot=targets[0],
                 label=f"{self.label}.rows",
@@ -149,27 +168,38 @@ class DataProtoFuture:
         if len(self.parts) == 1 and _is_zero(self.pad):
             return self.parts[0]
         return self.runner.submit(
-            concat_and_drop, self.pad, *self.parts, slot=slot, label=f"{self.label}.assemble"
+            concat_and_drop,
+            self.pad,
+            self.label,
+            *self.parts,
+            slot=slot,
+            label=f"{self.label}.assemble",
         )
 
     @staticmethod
     def concat(futures: Sequence[DataProtoFuture]) -> DataProtoFuture:
-        """Rows of every future in order; pads are trimmed next to the parts that hold them."""
+        """Rows of every future in order; pads are trimmed next to the parts that hold them.
+
+        The last future's pad is kept for whoever resolves the result (no routing) only
+        when the result is that future alone: how many rows a pad stands for depends on
+        the length of the parts it belongs to (``rows.padding_rows``).
+        """
         if not futures:
             raise ValueError("DataProtoFuture.concat needs at least one future")
         runner = futures[0].runner
         parts: list[Any] = []
         slots: list[Any] = []
-        for i, fut in enumerate(futures):
-            last = i == len(futures) - 1
-            if not last and not _is_zero(fut.pad):
+        alone = len(futures) == 1
+        for fut in futures:
+            if not alone and not _is_zero(fut.pad):
                 n = len(fut.parts)
                 fut_parts, _ = fut.route(n, fut.slots, padded=False)
             else:
                 fut_parts = list(fut.parts)
             parts.extend(fut_parts)
             slots.extend(fut.slots or [None] * len(fut_parts))
-        return DataProtoFuture(parts, runner, futures[-1].pad, slots, futures[0].label)
+        pad = futures[0].pad if alone else 0
+        return DataProtoFuture(parts, runner, pad, slots, futures[0].label)
 
 
 def _is_zero(pad: Any) -> bool:
@@ -197,13 +227,13 @@ def row_ranges(rows: int, n: int, padded: bool) -> list[tuple[int, int]]:
 
 
 def take_rows(
-    part: Batch, index: int, dest: int, n: int, padded: bool, pad: int, *lens: int
+    part: Batch, index: int, dest: int, n: int, padded: bool, pad: int, source: str, *lens: int
 ) -> tuple[np.ndarray, Batch]:
     """The rows of ``part`` that consumer ``dest`` needs, with their positions.
 
     Padding positions (past the last real row) repeat the last row, as verl pads.
     """
-    rows = sum(lens) - pad
+    rows = _real_rows(pad, source, lens)
     start = sum(lens[:index])
     stop = min(start + lens[index], rows)
     lo, hi = row_ranges(rows, n, padded)[dest]
@@ -226,13 +256,19 @@ def assemble(*pieces: tuple[np.ndarray, Batch]) -> Batch:
     return gather_rows(joined, order)
 
 
-def pad_after_split(n: int, padded: bool, pad: int, *lens: int) -> int:
-    rows = sum(lens) - pad
+def pad_after_split(n: int, padded: bool, pad: int, source: str, *lens: int) -> int:
+    rows = _real_rows(pad, source, lens)
     return PadRows.for_chunks(rows, n) if padded else 0
 
 
-def rows_after_pad(pad: int, *lens: int) -> int:
-    return sum(lens) - pad
+def rows_after_pad(pad: int, source: str, *lens: int) -> int:
+    return _real_rows(pad, source, lens)
+
+
+def _real_rows(pad: int, source: str, lens: Sequence[int]) -> int:
+    """The rows of parts ``lens`` long that are not the padding's."""
+    total = sum(lens)
+    return total - padding_rows(pad, total, source)
 
 
 def check_same_rows(part: Any, names: tuple[str, ...], *lengths: int) -> Any:
@@ -246,12 +282,15 @@ def check_same_rows(part: Any, names: tuple[str, ...], *lengths: int) -> Any:
     return part
 
 
-def concat_and_drop(pad: int, *parts: Batch) -> Batch:
-    return drop_tail(concat_batches(list(parts)), pad)
+def concat_and_drop(pad: int, source: str, *parts: Batch) -> Batch:
+    return drop_tail(concat_batches(list(parts)), pad, source)
 
 
-def drop_tail(data: Batch, pad: int) -> Batch:
+def drop_tail(data: Batch, pad: int, source: str = "") -> Batch:
+    """``data`` without the padding's rows (``rows.padding_rows``: ``k * pad`` of them
+    for ``k`` result rows per row sent)."""
     rows = row_count(data)
-    if pad < 0 or pad > rows:
-        raise ValueError(f"cannot drop {pad} padding rows from {rows} rows")
-    return data if pad == 0 else slice_rows(data, 0, rows - pad)
+    if int(pad) < 0:
+        raise ValueError(f"cannot drop {int(pad)} padding rows from {rows} rows")
+    drop = padding_rows(pad, rows, source)
+    return data if drop == 0 else slice_rows(data, 0, rows - drop)

@@ -29,6 +29,7 @@ __all__ = [
     "is_batch",
     "pad_for_dispatch",
     "padding_enabled",
+    "padding_rows",
     "row_count",
     "slice_rows",
 ]
@@ -42,14 +43,27 @@ class PadRows(int):
 
     It is an ``int`` (verl code reads the pad count from the dispatched kwargs as one);
     ``padded_chunks`` lets list results (``DP_COMPUTE_METRIC``) drop the entries of the
-    ranks that computed on padding.
+    ranks that computed on padding. ``padded_rows`` (the rows the ranks were sent, real
+    and padding) and ``chunks`` (how many ranks they were split over) let
+    :func:`padding_rows` take the padding off a result that has several rows per input
+    row; both are ``None`` for a pad made without them.
     """
 
     padded_chunks: int
+    padded_rows: int | None
+    chunks: int | None
 
-    def __new__(cls, rows: int, padded_chunks: int) -> PadRows:
+    def __new__(
+        cls,
+        rows: int,
+        padded_chunks: int,
+        padded_rows: int | None = None,
+        chunks: int | None = None,
+    ) -> PadRows:
         obj = super().__new__(cls, rows)
         obj.padded_chunks = int(padded_chunks)
+        obj.padded_rows = None if padded_rows is None else int(padded_rows)
+        obj.chunks = None if chunks is None else int(chunks)
         return obj
 
     @classmethod
@@ -57,13 +71,57 @@ class PadRows(int):
         """The pad that brings ``rows`` to equal chunks of ``ceil(rows / chunks)`` rows."""
         size = -(-rows // chunks) if rows else 0
         pad = size * chunks - rows
-        return cls(pad, math.ceil(pad / size) if pad else 0)
+        return cls(pad, math.ceil(pad / size) if pad else 0, size * chunks, chunks)
 
     def __reduce__(self) -> tuple:
-        return (PadRows, (int(self), self.padded_chunks))
+        return (PadRows, (int(self), self.padded_chunks, self.padded_rows, self.chunks))
 
     def __repr__(self) -> str:
-        return f"PadRows({int(self)}, padded_chunks={self.padded_chunks})"
+        return (
+            f"PadRows({int(self)}, padded_chunks={self.padded_chunks}, "
+            f"padded_rows={self.padded_rows}, chunks={self.chunks})"
+        )
+
+
+def padding_rows(pad: int, rows: int, source: str = "") -> int:
+    """How many trailing rows of a result ``rows`` long came from padding.
+
+    ``pad`` is the padding the call's input was given. A ``PadRows`` that knows the
+    padded input's size (``padded_rows``, P: the real rows plus ``pad``) accepts a result
+    of ``k * P`` rows for any whole ``k >= 0``, i.e. ``k`` result rows for every row sent,
+    a row's results next to each other and in input order (what
+    ``DataProto.repeat(k, interleave=True)`` gives, or one row per row for ``k = 1``):
+    its last ``k * pad`` rows are the padding's and are dropped. Any other length is a
+    ``ValueError`` naming ``source`` (the ``"group.method"`` that returned it), the rows
+    it was sent and the rows it returned: which rows came from padding cannot be told
+    then. A plain int (verl's pad count) drops ``pad`` rows, as verl does.
+    """
+    count = int(pad)
+    if count == 0:
+        return 0
+    padded = getattr(pad, "padded_rows", None)
+    who = source or "the method"
+    if padded is None:
+        if count > rows:
+            raise ValueError(
+                f"{who} returned {rows} rows, fewer than the {count} rows of auto padding "
+                "its input was given, so the padding cannot be taken off; return at least "
+                "one row per input row, or turn auto padding off and send a multiple of "
+                "the world size"
+            )
+        return count
+    if padded and rows % padded == 0:
+        return rows // padded * count
+    chunks = getattr(pad, "chunks", None)
+    multiple = f"a multiple of {chunks} rows" if chunks else "a multiple of the world size"
+    raise ValueError(
+        f"{who} returned {rows} rows for the {padded} rows it was sent ({padded - count} "
+        f"rows + {count} rows of auto padding): with auto padding a result must have the "
+        f"same number k of rows for every row sent (k * {padded} rows, in input order; its "
+        f"last k * {count} rows are the padding's and are dropped), else the padding's rows "
+        f"cannot be told apart. Return k rows per input row, or turn auto padding off and "
+        f"send {multiple}"
+    )
 
 
 def is_batch(value: Any) -> bool:

@@ -82,3 +82,24 @@ def test_compare_verl_quick(tmp_path: Path) -> None:
         assert 0 < summary["median_s"] <= summary["p90_s"], case
     for row in cases.values():
         assert row["ours"] > 0 and row["verl"] is None, row
+
+
+@pytest.mark.timeout(120)
+def test_soak_quick_leaves_nothing(tmp_path: Path) -> None:
+    """500 non-blocking no-op calls, 50 DP_COMPUTE_PROTO calls and a 64 MiB chain, every
+    future released: no task left on the scheduler, no key in worker memory (a leak is a
+    bug, not a timing: the script polls for the counts to settle first)."""
+    proc = run_script("soak.py", "--quick", "--out", str(tmp_path), timeout=100)
+    result = json.loads((tmp_path / "soak_quick.json").read_text())
+    assert result["meta"]["quick"] is True
+    assert result["initial"]["scheduler_tasks"] == 0
+    left = json.dumps(result["leftovers"], indent=1)[:3000]
+    assert result["tasks_left"] == 0, f"scheduler tasks left behind: {left}"
+    assert result["keys_left"] == 0, f"keys left in worker memory: {left}"
+    assert result["client_futures_left"] == 0, f"futures still held by the driver: {left}"
+    assert {r["process"] for r in result["rss"]} >= {"driver"}
+    assert len(result["rss"]) == 1 + result["n_workers"]
+    for row in result["rss"]:
+        assert row["start_mib"] > 0 and row["end_mib"] > 0, row
+    assert result["chains"] >= 2  # the warm-up's and the soak's
+    assert "keys left in worker memory" in proc.stdout

@@ -11,6 +11,7 @@ import os
 import signal
 import threading
 import time
+from pathlib import Path
 
 import dask
 import pytest
@@ -48,6 +49,17 @@ def own_backend():
 
 def _kill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+def _stopped(pid: int, within: float = 5.0) -> bool:
+    """Whether process ``pid`` shows as stopped (state T in ``/proc``) within ``within`` s."""
+    deadline = time.monotonic() + within
+    while time.monotonic() < deadline:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        if state in ("T", "t"):
+            return True
+        time.sleep(0.02)
+    return False
 
 
 def test_worker_killed_during_a_call_fails_it_within_5s_naming_group_and_rank(
@@ -97,6 +109,7 @@ def test_hung_worker_is_reported_after_the_call_timeout(own_backend, hf_worker_g
     pids = group.pid()
     os.kill(pids[1], signal.SIGSTOP)
     try:
+        assert _stopped(pids[1]), f"process {pids[1]} (rank 1) did not stop"
         start = time.monotonic()
         with (
             dask.config.set({"hybridflow.call-timeout": "1s"}),

@@ -2,7 +2,8 @@
 
 ``run_demo(steps=60)`` trains a tiny causal transformer to reverse a short prompt and
 returns the per-step metrics; ``hybridflow-dask demo`` wraps it with a progress bar, a
-table, ``metrics.json`` and a reward plot.
+table, ``metrics.json`` and a reward plot. ``run_demo(checkpoint_every=K, ...)`` survives
+a lost worker with ``hf.Recovery``, and ``kill_worker_at=S`` kills one to show it.
 """
 
 from .config import GRPOConfig

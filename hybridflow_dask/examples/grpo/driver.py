@@ -12,15 +12,26 @@ Each step issues the whole dataflow without waiting::
 Every intermediate batch is a ``DataProtoFuture``; because both roles are fused on one
 pool, shard ``i`` stays in rank ``i``'s process from sampling to the update and only
 the prompts (in) and the metric dicts (out) pass through the driver.
+
+With ``checkpoint_every`` the run survives a lost worker: each step runs under
+``hf.Recovery``, which on a dead rank calls ``recover()`` on the fused group (both roles
+live in its processes), then ``restore``: every rank rejoins a fresh process group and
+reloads the last checkpoint, and the step runs again. ``kill_worker_at`` is the fault
+drill: it SIGKILLs one rank's process in the middle of that step.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
+import signal
+import socket
 import time
 import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -31,20 +42,25 @@ from hybridflow_dask.backends.base import Backend
 from .config import GRPOConfig
 from .workers import ActorRolloutRefWorker, RewardWorker, make_task
 
-__all__ = ["grpo_workers", "run_demo"]
+__all__ = ["CHECKPOINT_NAME", "grpo_workers", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
 StepCallback = Callable[[dict[str, Any]], None]
 
+#: The checkpoint's file name in ``checkpoint_dir`` (one file, replaced at each save).
+CHECKPOINT_NAME = "checkpoint.pt"
+
 
 @contextmanager
 def grpo_workers(
     config: GRPOConfig, world_size: int, backend: Backend | None = None
-) -> Iterator[tuple[hf.WorkerGroup, hf.WorkerGroup]]:
-    """The ``actor_rollout_ref`` and ``reward`` groups, fused on one pool of ``world_size``.
+) -> Iterator[tuple[hf.WorkerGroup, hf.WorkerGroup, hf.WorkerGroup]]:
+    """``(fused, actor_rollout_ref, reward)``: the two roles fused on one pool of ``world_size``.
 
-    On exit the ranks leave their torch process group and the fused group shuts down.
+    ``fused`` is the group that owns the ranks (the one to ``recover()``); the other two
+    are its role views. The ranks have joined their torch process group (generation 0).
+    On exit they leave it and the fused group shuts down.
     """
     config.validate(world_size)
     pool = hf.ResourcePool([world_size], use_gpu=False)
@@ -58,7 +74,8 @@ def grpo_workers(
         roles = fused.spawn(prefix_set=["actor_rollout_ref", "reward"])
         actor = roles["actor_rollout_ref"]
         try:
-            yield actor, roles["reward"]
+            actor.join_process_group(0)
+            yield fused, actor, roles["reward"]
         finally:
             try:
                 actor.release()
@@ -79,39 +96,114 @@ def run_demo(
     backend: Backend | None = None,
     config: GRPOConfig | None = None,
     on_step: StepCallback | None = None,
+    checkpoint_every: int | None = None,
+    checkpoint_dir: str | os.PathLike[str] | None = None,
+    kill_worker_at: int | None = None,
+    kill_rank: int | None = None,
 ) -> dict[str, Any]:
     """Train the toy policy with GRPO for ``steps`` steps; return the per-step metrics.
 
     The result is ``{"steps": [{"step", "reward_mean", "loss", "time_s", ...}, ...],
-    "config": {...}, "param_checksums": [...], "initial_checksum": ...}``: the checksums
-    are the ranks' policy weights after the last update (all equal when the gradients
-    were all-reduced). ``on_step`` is called with each step's record as it completes.
+    "recoveries": [{"step", "ranks", "seconds"}, ...], "config": {...},
+    "param_checksums": [...], "initial_checksum": ...}``: the checksums are the ranks'
+    policy weights after the last update (all equal when the gradients were
+    all-reduced). ``on_step`` is called with each step's record as it completes.
     ``seed`` is used only when no ``config`` is given. ``backend`` defaults to the
     process-wide one (``hf.init``), as for any WorkerGroup; it must run each rank in its
     own process (``DaskBackend``), since the ranks rendezvous over gloo.
+
+    ``checkpoint_every=K`` saves the policy and optimizer to
+    ``checkpoint_dir/checkpoint.pt`` at the start and after every K-th step (rank 0
+    writes, the others wait), and arms recovery: a step that loses a worker is retried
+    once, after every rank reloads that checkpoint (the steps since it are undone, their
+    metrics kept). The folder must be one the workers can write and read at the same
+    path (any local cluster; shared storage across hosts).
+
+    ``kill_worker_at=S`` (needs ``checkpoint_every``) is the fault drill: in step ``S``,
+    once its dataflow is issued, the process of rank ``kill_rank`` (default: the last
+    rank) is sent SIGKILL, by the pid the rank reports. It kills by pid, so the workers
+    must run on this machine.
     """
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
+    if checkpoint_every is not None:
+        if checkpoint_every < 1:
+            raise ValueError(f"checkpoint_every must be at least 1, got {checkpoint_every}")
+        if checkpoint_dir is None:
+            raise ValueError("checkpoint_every needs a checkpoint_dir to write the policy to")
+    if kill_worker_at is not None:
+        if checkpoint_every is None:
+            raise ValueError(
+                "kill_worker_at needs checkpoint_every: a run without checkpoints has no "
+                "state to restore after the drill kills a worker"
+            )
+        if not 1 <= kill_worker_at <= steps:
+            raise ValueError(
+                f"kill_worker_at must be a step from 1 to {steps}, got {kill_worker_at}"
+            )
+    victim = world_size - 1 if kill_rank is None else kill_rank
+    if not 0 <= victim < world_size:
+        raise ValueError(f"kill_rank must be a rank from 0 to {world_size - 1}, got {kill_rank}")
     config = config or GRPOConfig(seed=seed)
     task = make_task(config)
     prompt_gen = torch.Generator().manual_seed(config.seed)
+    path = None
+    if checkpoint_dir is not None:
+        # absolute: worker processes need not share the driver's working directory
+        path = str(Path(checkpoint_dir).resolve() / CHECKPOINT_NAME)
     records: list[dict[str, Any]] = []
-    with grpo_workers(config, world_size, backend) as (actor, reward):
+    with grpo_workers(config, world_size, backend) as (fused, actor, reward):
         initial_checksum = actor.param_checksum()[0]
-        for step in range(1, steps + 1):
-            start = time.perf_counter()
-            prompts = task.sample_prompts(config.prompts_per_step, prompt_gen)
-            prompts = prompts.repeat(config.samples_per_prompt, interleave=True)
+        victim_pid = _drill_target(actor, victim) if kill_worker_at is not None else None
+        generation = 0  # of the torch process group: one more after each recovery
 
+        def restore(rebuilt: dict[str, list[int]]) -> None:
+            nonlocal generation
+            generation += 1
+            actor.join_process_group(generation)  # every rank: the survivors' group is broken
+            restored = actor.load_checkpoint(path)[0]
+            logger.warning(
+                "restored the step-%d checkpoint on all %d ranks (rebuilt: %s)",
+                restored,
+                world_size,
+                rebuilt[fused.name_prefix],
+            )
+
+        # Without checkpoints there is nothing to restore: a lost worker ends the run.
+        armed = checkpoint_every is not None
+        recovery = hf.Recovery([fused], restore, retries=1 if armed else 0)
+        if armed:
+            actor.save_checkpoint(path, 0)  # something to restore before the first save
+
+        drill_pending = kill_worker_at is not None
+
+        def one_step(step: int, prompts: hf.DataProto) -> dict[str, float]:
+            """The whole dataflow of one step, and its checkpoint: what a retry runs again."""
+            nonlocal drill_pending
             batch = actor.generate_sequences(prompts)
             batch = actor.compute_log_prob(batch)
             batch = actor.compute_ref_log_prob(batch)
             batch = reward.compute_reward(batch)
             batch = reward.compute_advantage(batch)
             reward_stats = reward.reward_metrics(batch)  # futures, one per rank
+            if drill_pending and step == kill_worker_at:
+                drill_pending = False  # once: the retried step runs whole
+                logger.warning(
+                    "fault drill: step %d: SIGKILL to rank %d (pid %d)", step, victim, victim_pid
+                )
+                os.kill(victim_pid, signal.SIGKILL)
             actor_stats = actor.update_actor(batch)  # blocks: the step is done
+            stats = _reduce(hf.get(reward_stats), actor_stats)
+            if checkpoint_every is not None and step % checkpoint_every == 0:
+                actor.save_checkpoint(path, step)
+            return stats
 
-            record = {"step": step, **_reduce(hf.get(reward_stats), actor_stats)}
+        for step in range(1, steps + 1):
+            start = time.perf_counter()
+            prompts = task.sample_prompts(config.prompts_per_step, prompt_gen)
+            prompts = prompts.repeat(config.samples_per_prompt, interleave=True)
+            stats = recovery.run(functools.partial(one_step, step, prompts), step=step)
+            record = {"step": step, **stats}
             record["time_s"] = time.perf_counter() - start
             records.append(record)
             logger.info(
@@ -126,10 +218,31 @@ def run_demo(
         checksums = actor.param_checksum()
     return {
         "steps": records,
-        "config": {**config.to_dict(), "steps": steps, "world_size": world_size},
+        "recoveries": [
+            {"step": r.step, "ranks": r.ranks[fused.name_prefix], "seconds": r.seconds}
+            for r in recovery.records
+        ],
+        "config": {
+            **config.to_dict(),
+            "steps": steps,
+            "world_size": world_size,
+            "checkpoint_every": checkpoint_every,
+            "kill_worker_at": kill_worker_at,
+        },
         "initial_checksum": initial_checksum,
         "param_checksums": checksums,
     }
+
+
+def _drill_target(actor: hf.WorkerGroup, rank: int) -> int:
+    """The pid of ``rank``'s process, checked to be on this machine (a pid is per host)."""
+    hosts = actor.hostname()
+    if hosts[rank] != socket.gethostname():
+        raise RuntimeError(
+            f"the fault drill kills rank {rank} by its pid, but it runs on {hosts[rank]!r}, "
+            f"not on this machine ({socket.gethostname()!r}); run the drill on a local cluster"
+        )
+    return actor.pid()[rank]
 
 
 def _reduce(reward_stats: list[dict[str, float]], actor_stats: list[dict[str, float]]) -> dict:

@@ -14,9 +14,11 @@ logger = logging.getLogger(__name__)
 
 
 def write_metrics(result: dict[str, Any], out_dir: Path, wall_s: float | None = None) -> Path:
-    """``out_dir/metrics.json``: ``{"steps": [{"step", "reward_mean", "loss", "time_s", ...}]}``."""
+    """``out_dir/metrics.json``: ``{"steps": [{"step", "reward_mean", "loss", "time_s", ...}],
+    "recoveries": [{"step", "ranks", "seconds"}, ...], "config": ..., "wall_s": ...}``."""
     out_dir.mkdir(parents=True, exist_ok=True)
     payload: dict[str, Any] = {"steps": result["steps"]}
+    payload["recoveries"] = result.get("recoveries", [])
     if "config" in result:
         payload["config"] = result["config"]
     if wall_s is not None:
@@ -26,8 +28,13 @@ def write_metrics(result: dict[str, Any], out_dir: Path, wall_s: float | None = 
     return path
 
 
-def plot_rewards(steps: list[dict[str, Any]], out_dir: Path) -> Path | None:
-    """``out_dir/reward.png`` (mean reward and solved fraction per step), if matplotlib is there."""
+def plot_rewards(
+    steps: list[dict[str, Any]], out_dir: Path, recoveries: list[dict[str, Any]] | None = None
+) -> Path | None:
+    """``out_dir/reward.png`` (mean reward and solved fraction per step), if matplotlib is there.
+
+    Each of ``recoveries`` (``{"step", ...}``) is a dotted vertical line at its step.
+    """
     try:
         import matplotlib
 
@@ -42,6 +49,9 @@ def plot_rewards(steps: list[dict[str, Any]], out_dir: Path) -> Path | None:
     ax.plot(xs, [s["reward_mean"] for s in steps], label="mean reward")
     if all("solved" in s for s in steps):
         ax.plot(xs, [s["solved"] for s in steps], label="solved fraction", alpha=0.7)
+    for i, recovery in enumerate(recoveries or []):
+        label = "worker lost, recovered" if i == 0 else None
+        ax.axvline(recovery["step"], color="tab:red", linestyle=":", label=label)
     ax.set_xlabel("GRPO step")
     ax.set_ylim(0, 1.05)
     ax.set_title("hybridflow-dask GRPO demo: reverse the prompt")

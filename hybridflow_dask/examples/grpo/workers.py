@@ -7,6 +7,12 @@ across ranks by ``DistributedDataParallel`` over gloo, so every rank keeps ident
 weights. ``RewardWorker`` scores responses and turns scores into group-relative (GRPO)
 advantages. Both roles are fused into one object per rank with
 ``create_colocated_worker_cls``, so a batch shard never leaves its process between them.
+
+The torch process group is not joined in ``__init__`` but by ``join_process_group``,
+which the driver calls on every rank: a rank that ``WorkerGroup.recover()`` rebuilds runs
+``__init__`` again on its own, and must not sit in a rendezvous the survivors are not in.
+After a recovery the driver calls it again with the next ``generation`` (a fresh key
+space in the rendezvous store), then ``load_checkpoint`` on every rank.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import copy
 import datetime
 import hashlib
 import logging
+import os
+import socket
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -46,7 +55,7 @@ def make_task(config: GRPOConfig) -> ReverseTask:
 class ActorRolloutRefWorker(hf.Worker):
     """Policy, reference policy and optimizer of one data-parallel rank.
 
-    The only role in its process that calls ``init_process_group``: the default process
+    The only role in its process that joins a torch process group: the default process
     group is per process, and colocated roles share the process.
     """
 
@@ -55,13 +64,7 @@ class ActorRolloutRefWorker(hf.Worker):
         torch.set_num_threads(1)  # one core per rank; more threads only contend
         self.config = config
         self.task = make_task(config)
-        if dist.is_initialized():
-            # A reused Dask worker may still hold the group of an earlier run that was not
-            # released; its rendezvous is gone, so start over with this group's env.
-            logger.warning("rank %d: replacing a stale torch.distributed process group", self.rank)
-            dist.destroy_process_group()
-        dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=config.dist_timeout_s))
-        torch.manual_seed(config.seed)
+        torch.manual_seed(config.seed)  # every rank, first built or rebuilt, starts equal
         model = TinyCausalLM(
             self.task.vocab_size,
             self.task.seq_len,
@@ -70,11 +73,94 @@ class ActorRolloutRefWorker(hf.Worker):
             num_layers=config.num_layers,
         )
         self.ref = copy.deepcopy(model).eval().requires_grad_(False)
-        self.ddp = DistributedDataParallel(model)  # broadcasts rank 0's initial weights
         self.policy = model
+        self.ddp: DistributedDataParallel | None = None  # set by join_process_group
         self.optimizer = torch.optim.Adam(model.parameters(), lr=config.lr)
         self.generator = torch.Generator().manual_seed(config.seed * 1_000_003 + self.rank)
         self.updates = 0
+        self._store: dist.Store | None = None  # rank 0: the rendezvous server it hosts
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def join_process_group(self, generation: int = 0) -> int:
+        """(Re)join the gloo process group of all ranks; returns this rank.
+
+        Every rank must be called together (one ``ONE_TO_ALL`` call). Each ``generation``
+        rendezvouses under its own key prefix of the store, so keys left by an earlier
+        generation (from a rank that has since died) are never read. Rank 0 hosts the
+        store at ``MASTER_ADDR:MASTER_PORT`` and keeps it while its process lives; a rank
+        0 rebuilt on a new process hosts a new one at the same port.
+        """
+        if dist.is_initialized():
+            # A survivor's group has a dead peer, or a reused Dask worker still holds
+            # the group of an earlier run that was not released: start over.
+            dist.destroy_process_group()
+        timeout = datetime.timedelta(seconds=self.config.dist_timeout_s)
+        if self.rank != 0 or self._store is None:
+            self._store = dist.TCPStore(
+                os.environ["MASTER_ADDR"],
+                int(os.environ["MASTER_PORT"]),
+                self.world_size,
+                is_master=self.rank == 0,
+                timeout=timeout,
+                wait_for_workers=False,
+            )
+        dist.init_process_group(
+            "gloo",
+            store=dist.PrefixStore(f"grpo/generation{generation}/", self._store),
+            rank=self.rank,
+            world_size=self.world_size,
+            timeout=timeout,
+        )
+        self.ddp = DistributedDataParallel(self.policy)  # broadcasts rank 0's weights
+        return self.rank
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        """The worker process's id (the fault drill kills it by this)."""
+        return os.getpid()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def hostname(self) -> str:
+        """The worker's host: a pid means something only on the same machine."""
+        return socket.gethostname()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, step: int) -> int:
+        """Rank 0 writes policy, optimizer and update count to ``path``; the others wait.
+
+        The file is written next to ``path`` and renamed over it, so a process killed
+        mid-write leaves the previous checkpoint whole. Every rank returns once the file
+        is complete (a barrier), so the call finishing means the checkpoint is there.
+        """
+        if self.rank == 0:
+            target = Path(path)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            partial = target.with_name(f".{target.name}.partial")
+            state = {
+                "step": step,
+                "policy": self.policy.state_dict(),
+                "optimizer": self.optimizer.state_dict(),
+                "updates": self.updates,
+            }
+            torch.save(state, partial)
+            os.replace(partial, target)
+        dist.barrier()
+        return step
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> int:
+        """Every rank reloads policy and optimizer from ``path``; returns the saved step.
+
+        Sampling is re-seeded from the saved step, so every rank, survivor or rebuilt,
+        continues from a known state.
+        """
+        state = torch.load(path, weights_only=True)
+        self.policy.load_state_dict(state["policy"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.updates = state["updates"]
+        step = int(state["step"])
+        self.generator.manual_seed((self.config.seed * 1_000_003 + self.rank) * 10_007 + step)
+        return step
 
     def _context(self, data: DataProto) -> torch.Tensor:
         prompts = data.batch["prompts"]
@@ -117,6 +203,9 @@ class ActorRolloutRefWorker(hf.Worker):
         ``GRPOConfig.validate`` guarantees by requiring equal, evenly divisible shards.
         """
         cfg = self.config
+        ddp = self.ddp
+        if ddp is None:
+            raise RuntimeError("update_actor before join_process_group: the ranks have no group")
         self.policy.train()
         context = self._context(data)
         responses = data.batch["responses"]
@@ -129,7 +218,7 @@ class ActorRolloutRefWorker(hf.Worker):
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(data), generator=self.generator)
             for rows in order.chunk(cfg.ppo_mini_batches):
-                log_probs, entropy = response_log_probs(self.ddp, context[rows], responses[rows])
+                log_probs, entropy = response_log_probs(ddp, context[rows], responses[rows])
                 ratio = torch.exp(log_probs - old[rows])
                 adv = advantages[rows]
                 clipped = ratio.clamp(1 - cfg.clip_ratio, 1 + cfg.clip_ratio)
@@ -166,6 +255,8 @@ class ActorRolloutRefWorker(hf.Worker):
         """Leave the process group, so the Dask worker can host a later run's group."""
         if dist.is_initialized():
             dist.destroy_process_group()
+        self.ddp = None
+        self._store = None  # rank 0: closes the rendezvous server
 
 
 def group_relative_advantages(

@@ -109,6 +109,10 @@ class _SlotCluster(_KeepRestartedWorkers, LocalCluster):
         return f"hf-slot-{worker_number}"
 
 
+#: Task-stream records the scheduler of a cluster the backend starts keeps.
+TASK_STREAM_LENGTH = 10_000
+
+
 def start_local_cluster(
     n_workers: int, *, security: Any = None, **kwargs: Any
 ) -> tuple[Any, ClusterChoice]:
@@ -127,7 +131,14 @@ def start_local_cluster(
     if security is not None:
         options["security"] = security
         options.setdefault("protocol", "tls://")
-    with dask.config.set({"distributed.scheduler.no-workers-timeout": "3s"}):
+    # The task stream keeps a record per call (direct calls too): Dask's default of
+    # 100,000 records is ~250 MiB of the driver's memory in a long run (the scheduler
+    # lives in the driver's process); 10,000 keep the last minutes of a busy run.
+    settings = {
+        "distributed.scheduler.no-workers-timeout": "3s",
+        "distributed.scheduler.dashboard.tasks.task-stream-length": TASK_STREAM_LENGTH,
+    }
+    with dask.config.set(settings):
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster
 

@@ -657,6 +657,15 @@ class Channel:
         if self._comm is not None:
             self._comm.abort()
 
+    def _hand_over(self, replies: list[dict]) -> None:
+        """Each reply to its message's callback. A function of its own, so that nothing
+        of the last batch (its messages hold futures and sent data) stays referenced from
+        the reading loop's frame while it waits for the next one."""
+        for reply in replies:
+            waiter = self._waiting.pop(reply.pop("id"), None)
+            if waiter is not None:
+                _deliver(*waiter, reply, None)
+
     async def _run(self) -> None:
         try:
             self._comm = await connect(self.address, **self._connection_args)
@@ -668,6 +677,7 @@ class Channel:
                     self._wake.clear()
                     batch, self._outbox = self._outbox, []
                     await self._comm.write(batch)
+                    del batch  # (its data, until the next wake-up)
             finally:
                 reader.cancel()
         except asyncio.CancelledError:
@@ -678,10 +688,7 @@ class Channel:
     async def _read(self) -> None:
         try:
             while True:
-                for reply in await self._comm.read():
-                    waiter = self._waiting.pop(reply.pop("id"), None)
-                    if waiter is not None:
-                        _deliver(*waiter, reply, None)
+                self._hand_over(await self._comm.read())
         except asyncio.CancelledError:
             raise
         except BaseException as exc:

@@ -134,6 +134,7 @@ class Lane:
         try:
             stream = self._sock.makefile("rb", buffering=BUFFER)
             while True:
+                reply = waiting = None  # the last reply's data is not kept while we wait
                 reply, copied = read_message(stream, self._pull_from, self._limits)
                 ident = reply.pop("id")
                 if copied:  # the worker may drop them now

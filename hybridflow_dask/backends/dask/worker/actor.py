@@ -174,9 +174,11 @@ class Actor:
             if job is _CLOSE:
                 self._finish_close(future)
                 return
-            if not future.set_running_or_notify_cancel():
-                continue
-            self._run(job, future)
+            if future.set_running_or_notify_cancel():
+                self._run(job, future)
+            # Nothing of this call (its inputs, its result) may stay referenced from this
+            # frame while the thread waits for the next one.
+            entry = job = future = None
 
     def _next_job(self) -> Any:
         if self._closing:

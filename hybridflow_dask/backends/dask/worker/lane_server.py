@@ -217,6 +217,7 @@ class LaneServer:
             bound_sends(conn, self._stall_s)
             stream = conn.makefile("rb", buffering=BUFFER)
             while True:
+                msg = entry = None  # the last message's data is not kept while we wait
                 msg, _ = read_message(stream, pull_from, self._limits, started)
                 with self._lock:
                     self._deadlines.pop(raw, None)
