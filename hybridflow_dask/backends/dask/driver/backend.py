@@ -24,6 +24,7 @@ import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import dask
 from dask.sizeof import sizeof
 from distributed import Client, Future
 
@@ -49,6 +50,7 @@ from ..worker.host import InstanceHost
 from ..worker.tasks import WorkerRunner, count_instances, probe_worker
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
+from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .liveness import Liveness, TopicFanOut, futures_in
@@ -161,7 +163,8 @@ class DaskBackend:
         )
         self._path: CallPath = self._direct or self._tasks
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
-        register_group_monitor(self.client)  # the /hybridflow page on the dashboard
+        with dask.config.set(_owned_settings() if self._owned_cluster is not None else {}):
+            register_group_monitor(self.client)  # the /hybridflow page on the dashboard
         TopicFanOut.subscribe(self.client, "all", self._on_scheduler_event)
         if self._owned_cluster is not None:
             # A program that ends without shutdown(): close cleanly before distributed's own

@@ -113,6 +113,20 @@ class _SlotCluster(_KeepRestartedWorkers, LocalCluster):
 TASK_STREAM_LENGTH = 10_000
 
 
+def owned_settings() -> dict[str, Any]:
+    """Dask settings for a cluster the backend starts (and its scheduler's plugins).
+
+    The task stream keeps a record per call (direct calls too): Dask's default of 100,000
+    records grew the driver by ~250 MiB in a long run (the scheduler lives in the driver's
+    process); 10,000 keep the last minutes of a busy run.
+    """
+    return {
+        "distributed.scheduler.no-workers-timeout": "3s",
+        "distributed.scheduler.dashboard.status.task-stream-length": TASK_STREAM_LENGTH,
+        "distributed.scheduler.dashboard.tasks.task-stream-length": TASK_STREAM_LENGTH,
+    }
+
+
 def start_local_cluster(
     n_workers: int, *, security: Any = None, **kwargs: Any
 ) -> tuple[Any, ClusterChoice]:
@@ -131,14 +145,7 @@ def start_local_cluster(
     if security is not None:
         options["security"] = security
         options.setdefault("protocol", "tls://")
-    # The task stream keeps a record per call (direct calls too): Dask's default of
-    # 100,000 records is ~250 MiB of the driver's memory in a long run (the scheduler
-    # lives in the driver's process); 10,000 keep the last minutes of a busy run.
-    settings = {
-        "distributed.scheduler.no-workers-timeout": "3s",
-        "distributed.scheduler.dashboard.tasks.task-stream-length": TASK_STREAM_LENGTH,
-    }
-    with dask.config.set(settings):
+    with dask.config.set(owned_settings()):
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster
 
