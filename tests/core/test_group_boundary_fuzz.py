@@ -40,7 +40,7 @@ from hybridflow_dask.backends import LocalBackend
 WORLD = 2
 
 FUZZ = settings(
-    max_examples=25,
+    max_examples=15,
     deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
