@@ -12,16 +12,15 @@ knows which backend runs the ranks.
 from __future__ import annotations
 
 import dataclasses
-import functools
-import inspect
 import logging
 import uuid
 from collections.abc import Callable, Iterable
 from typing import Any
 
 from .backends.base import Backend, FutureList, InstanceRef, Slot
+from .call_checks import check_fits, check_inputs
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
-from .decorators.dispatch import DispatchFns, _looks_like_future, drop_padding
+from .decorators.dispatch import DispatchFns, drop_padding
 from .protocol import DataProtoFuture
 from .resource_pool import ResourcePool
 from .worker import GROUP_ENV_KEYS, RANK_ENV_KEYS, ClassWithInitArgs
@@ -689,137 +688,12 @@ class WorkerGroup:
             raise RuntimeError(f"worker group {self.name_prefix} is shut down")
 
     def _check_fits(self, method_name: str, args: tuple, kwargs: dict) -> None:
-        """A ``TypeError`` before anything is sent when the method cannot take the
-        arguments (unknown or missing keywords, too many positionals, a keyword-only
-        parameter passed by position), as its own call would raise on every rank."""
-        signature = _call_signature(self._cls, method_name)
-        if signature is None:
-            return
-        try:
-            signature.bind(*args, **kwargs)
-        except TypeError as exc:
-            keyword_only = [
-                p.name for p in signature.parameters.values() if p.kind is p.KEYWORD_ONLY
-            ]
-            hint = (
-                f"; {', '.join(keyword_only)} can only be passed by name ({keyword_only[0]}=...)"
-                if keyword_only and "positional" in str(exc)
-                else ""
-            )
-            raise TypeError(
-                f"{self._cls.__name__}.{method_name}{signature} cannot take these arguments: "
-                f"{exc}{hint}; call it as {method_name}{signature} (nothing was sent to the "
-                "workers)"
-            ) from None
+        check_fits(self._cls, method_name, args, kwargs)
 
     def _check_inputs(self, method_name: str, args: tuple, kwargs: dict) -> None:
-        """Futures this group's backend cannot resolve fail before anything is sent.
-
-        Looked at: each argument, and the items of a list or tuple of ``world_size``
-        items (what a DP_COMPUTE or ALL_TO_ALL call hands out per rank): a
-        ``DataProtoFuture`` or ``FutureList`` of a backend that was shut down, a future
-        whose client was closed, and a future of another kind of backend (a
-        ``LocalBackend`` future given to a Dask group, or the reverse), which would reach
-        the method unresolved.
-        """
-        for label, value in _named_values(args, kwargs):
-            problem = self._future_problem(value)
-            per_rank = isinstance(value, (list, tuple)) and len(value) == self.world_size
-            if problem is None and per_rank:
-                problem = next((p for p in map(self._future_problem, value) if p), None)
-            if problem is not None:
-                raise ValueError(
-                    f"{self.name_prefix}.{method_name}: argument {label} {problem} (nothing "
-                    "was sent to the workers)"
-                )
-
-    def _future_problem(self, value: Any) -> str | None:
-        """Why this group cannot use ``value`` as a future, or ``None``."""
-        mine = type(self._backend).__name__
-        if isinstance(value, DataProtoFuture):
-            if _shut_down(value.runner):
-                return (
-                    f"is a DataProtoFuture of a {type(value.runner).__name__} that was shut "
-                    "down, so its rows are gone; compute them again on an open backend (or "
-                    "get() them before shutting their backend down)"
-                )
-            foreign = next((p for p in value.parts if self._foreign_future(p)), None)
-            if foreign is not None:
-                return (
-                    f"is a DataProtoFuture whose parts are {type(foreign).__name__}s, which "
-                    f"this group's {mine} cannot fetch; pass its get(), or make both groups "
-                    "on one backend"
-                )
-            return None
-        if isinstance(value, FutureList) and _shut_down(value.backend):
-            return (
-                f"holds futures of a {type(value.backend).__name__} that was shut down, so "
-                "their results are gone; compute them again on an open backend (or hf.get() "
-                "them before shutting their backend down)"
-            )
-        if self._foreign_future(value):
-            return (
-                f"is a {type(value).__name__}, a future this group's {mine} cannot resolve; "
-                "pass hf.get() of it, or make both groups on one backend"
-            )
-        if self._backend.is_future(value) and _client_closed(value):
-            return (
-                f"is a future of a backend that was shut down (its {type(value).__name__} "
-                "belongs to a closed client), so its result is gone; compute it again on an "
-                "open backend"
-            )
-        return None
-
-    def _foreign_future(self, value: Any) -> bool:
-        return _looks_like_future(value) and not self._backend.is_future(value)
-
-
-@functools.lru_cache(maxsize=1024)
-def _call_signature(cls: type, name: str) -> inspect.Signature | None:
-    """The parameters a call of ``cls.name`` fills (``self`` left out), or ``None`` when
-    they cannot be told for sure: not a plain function, a signature Python cannot read,
-    or ``self`` taken by ``*args``. The function's own signature, not a wrapped one's
-    (``follow_wrapped=False``): a decorator's ``(*args, **kwargs)`` accepts anything,
-    and a decorator that fills parameters itself must not make valid calls fail."""
-    raw = inspect.getattr_static(cls, name, None)
-    if isinstance(raw, staticmethod):
-        fn, bound = raw.__func__, False
-    elif isinstance(raw, classmethod):
-        fn, bound = raw.__func__, True
-    elif inspect.isfunction(raw):
-        fn, bound = raw, True
-    else:
-        return None
-    try:
-        signature = inspect.signature(fn, follow_wrapped=False)
-    except (TypeError, ValueError):
-        return None
-    params = list(signature.parameters.values())
-    if bound:
-        if not params or params[0].kind not in (
-            inspect.Parameter.POSITIONAL_ONLY,
-            inspect.Parameter.POSITIONAL_OR_KEYWORD,
-        ):
-            return None
-        params = params[1:]
-    # Shown in messages: names and defaults say how to call it; annotations are noise.
-    params = [p.replace(annotation=inspect.Parameter.empty) for p in params]
-    return signature.replace(parameters=params, return_annotation=inspect.Signature.empty)
-
-
-def _named_values(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
-    return [(f"#{i}", a) for i, a in enumerate(args)] + [(repr(k), v) for k, v in kwargs.items()]
-
-
-def _shut_down(backend: Any) -> bool:
-    """Whether a backend (or a ``DataProtoFuture``'s runner) was shut down, where it says."""
-    return getattr(backend, "_closed", False) is True
-
-
-def _client_closed(future: Any) -> bool:
-    """A future whose client (a Dask ``Future``'s) was closed with its backend."""
-    status = getattr(getattr(future, "client", None), "status", None)
-    return status in ("closing", "closed")
+        check_inputs(
+            self._backend, f"{self.name_prefix}.{method_name}", self.world_size, args, kwargs
+        )
 
 
 def _splits_per_rank(args: tuple, kwargs: dict, n: int) -> bool:

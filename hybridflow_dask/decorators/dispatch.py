@@ -43,6 +43,7 @@ __all__ = [
     "dispatch_nd_compute_dataproto",
     "dispatch_one_to_all",
     "get_predefined_dispatch_fn",
+    "looks_like_future",
     "make_nd_compute_dataproto_dispatch_fn",
     "register_dispatch_mode",
     "resolve_dispatch_mode",
@@ -398,7 +399,7 @@ def _split_one(name: str, value: Any, n: int, slots: list) -> _Split:
     return _Split(name, [slice_rows(padded, lo, hi) for lo, hi in bounds], pad, rows, value)
 
 
-def _looks_like_future(value: Any) -> bool:
+def looks_like_future(value: Any) -> bool:
     """A backend's future (any backend's): something with ``result()`` and ``done()``."""
     try:
         return callable(getattr(value, "result", None)) and callable(getattr(value, "done", None))
@@ -407,16 +408,16 @@ def _looks_like_future(value: Any) -> bool:
 
 
 def _describe(value: Any) -> str:
-    if isinstance(value, list) and value and all(_looks_like_future(v) for v in value):
+    if isinstance(value, list) and value and all(looks_like_future(v) for v in value):
         return f"a {type(value).__name__} of {len(value)} futures (a non-blocking call's result)"
-    if _looks_like_future(value):
+    if looks_like_future(value):
         return f"a {type(value).__name__} (a backend future)"
     return type(value).__name__
 
 
 def _fix_for(value: Any) -> str:
-    if _looks_like_future(value) or (
-        isinstance(value, list) and value and all(_looks_like_future(v) for v in value)
+    if looks_like_future(value) or (
+        isinstance(value, list) and value and all(looks_like_future(v) for v in value)
     ):
         return (
             "register the producing method with Dispatch.DP_COMPUTE_PROTO (a non-blocking "
