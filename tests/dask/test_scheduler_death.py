@@ -74,7 +74,10 @@ def cli_cluster(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen]]:
             process.wait(30)
 
 
-def test_a_killed_scheduler_is_a_scheduler_lost_error_within_the_timeout(cli_cluster):
+@pytest.fixture
+def attached(cli_cluster):
+    """A backend attached to the command-line cluster, a group answering on it, and the
+    scheduler's process (to kill); a lost scheduler is given up on after 2 s."""
     address, scheduler = cli_cluster
     with dask.config.set({"hybridflow.scheduler-timeout": "2s"}):
         backend = DaskBackend(address=address)
@@ -82,34 +85,30 @@ def test_a_killed_scheduler_is_a_scheduler_lost_error_within_the_timeout(cli_clu
             backend.client.wait_for_workers(1, timeout=60)
             group = hf.WorkerGroup(hf.ResourcePool([1]), Pinger, backend=backend)
             assert group.ping() == ["pong"]
-            pending = group.ping_later()
-            assert hf.get(pending) == ["pong"]
-            scheduler.kill()
-            scheduler.wait(10)
-            time.sleep(1.0)  # the client notices the broken connection
-            start = time.monotonic()
-            with pytest.raises(SchedulerLostError, match=address) as caught:
-                group.ping()
-            assert time.monotonic() - start < 5
-            assert "lost with it" in str(caught.value)
-            assert isinstance(caught.value, ConnectionError)
+            yield address, group, scheduler
         finally:
             backend.shutdown()
 
 
-def test_a_wait_under_way_when_the_scheduler_dies_ends_with_the_named_error(cli_cluster):
-    address, scheduler = cli_cluster
-    with dask.config.set({"hybridflow.scheduler-timeout": "2s"}):
-        backend = DaskBackend(address=address)
-        try:
-            backend.client.wait_for_workers(1, timeout=60)
-            group = hf.WorkerGroup(hf.ResourcePool([1]), Pinger, backend=backend)
-            assert group.ping() == ["pong"]
-            scheduler.kill()
-            scheduler.wait(10)
-            start = time.monotonic()
-            with pytest.raises(SchedulerLostError):
-                hf.get(group.ping_later())  # sent at once, then the scheduler is missed
-            assert time.monotonic() - start < 8
-        finally:
-            backend.shutdown()
+def test_a_killed_scheduler_is_a_scheduler_lost_error_within_the_timeout(attached):
+    address, group, scheduler = attached
+    assert hf.get(group.ping_later()) == ["pong"]
+    scheduler.kill()
+    scheduler.wait(10)
+    time.sleep(1.0)  # the client notices the broken connection
+    start = time.monotonic()
+    with pytest.raises(SchedulerLostError, match=address) as caught:
+        group.ping()
+    assert time.monotonic() - start < 5
+    assert "lost with it" in str(caught.value)
+    assert isinstance(caught.value, ConnectionError)
+
+
+def test_a_wait_under_way_when_the_scheduler_dies_ends_with_the_named_error(attached):
+    _, group, scheduler = attached
+    scheduler.kill()
+    scheduler.wait(10)
+    start = time.monotonic()
+    with pytest.raises(SchedulerLostError):
+        hf.get(group.ping_later())  # sent at once, then the scheduler is missed
+    assert time.monotonic() - start < 8

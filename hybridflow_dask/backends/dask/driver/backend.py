@@ -51,7 +51,7 @@ from ..worker.tasks import WorkerRunner, count_instances, probe_worker
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
-from .connect import SchedulerLostError, open_client
+from .connect import SchedulerLostError, open_client, resolve_security
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
@@ -109,8 +109,6 @@ class DaskBackend:
                 "security= applies to a cluster the backend starts or to an address=; a "
                 "given client= or cluster= carries its own security: make it with yours"
             )
-        from .connect import resolve_security
-
         security = resolve_security(security)
         self._owned_cluster = None
         self.choice: ClusterChoice | None = None
