@@ -8,6 +8,9 @@ The package imports lazily (PEP 562): ``import hybridflow_dask`` loads nothing h
 and each public name imports its module (torch, Dask) on first use, so the
 ``hybridflow-dask`` command answers ``--help`` at once. To export a name, add one line to
 ``_EXPORTS`` (and, for type checkers, to the ``TYPE_CHECKING`` block).
+
+``hybridflow_dask.__version__`` is the installed distribution's version, read from its
+metadata on first use.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+#: The installed ``hybridflow-dask`` version (looked up by ``__getattr__`` on first use).
+__version__: str
 
 #: Every public name and the module (relative to this package) that defines it.
 _EXPORTS: dict[str, str] = {
@@ -49,7 +53,19 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS)
 
 
+def _installed_version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("hybridflow-dask")
+    except PackageNotFoundError:  # a source tree on sys.path that pip never installed
+        return "0+unknown"
+
+
 def __getattr__(name: str) -> Any:
+    if name == "__version__":
+        globals()[name] = value = _installed_version()
+        return value
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
@@ -59,7 +75,7 @@ def __getattr__(name: str) -> Any:
 
 
 def __dir__() -> list[str]:
-    return sorted(set(globals()) | set(__all__))
+    return sorted(set(globals()) | set(__all__) | {"__version__"})
 
 
 if TYPE_CHECKING:  # what static tools see; tests check it names exactly _EXPORTS

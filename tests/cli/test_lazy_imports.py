@@ -65,3 +65,15 @@ def test_type_checking_imports_name_exactly_the_exports():
         for alias in node.names
     }
     assert imported == hybridflow_dask._EXPORTS
+
+
+def test_version_comes_from_the_installed_metadata(program):
+    ran = program(
+        "import sys, hybridflow_dask\n"
+        "from importlib.metadata import version\n"
+        "print(hybridflow_dask.__version__ == version('hybridflow-dask'), "
+        "'__version__' in dir(hybridflow_dask))\n"
+        f"print(*sorted(m for m in {HEAVY!r} if m in sys.modules))"
+    )
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.splitlines() == ["True True", ""]
