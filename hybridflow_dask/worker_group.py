@@ -22,6 +22,7 @@ from .call_checks import check_fits, check_inputs
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
 from .decorators.dispatch import DispatchFns, drop_padding
 from .protocol import DataProtoFuture
+from .rank_env import backend_name, rank_envs
 from .resource_pool import ResourcePool
 from .worker import GROUP_ENV_KEYS, RANK_ENV_KEYS, ClassWithInitArgs
 
@@ -204,20 +205,21 @@ class WorkerGroup:
                 f"a worker group named {prefix!r} already exists on this backend; pick another "
                 "name_prefix or attach to it with WorkerGroup.from_detached"
             )
+        wg_backend = backend_name(backend)  # a backend without a name fails before placing
         slots = resource_pool.acquire(backend)
         try:
             addr, port = rendezvous or resource_pool.rendezvous(backend, slots)
             refs = [
                 InstanceRef(prefix, rank, slot, cls.__name__) for rank, slot in enumerate(slots)
             ]
-            envs = _rank_envs(
+            envs = rank_envs(
                 refs,
                 resource_pool.local_rank_list(),
                 resource_pool.local_world_size_list(),
                 resource_pool.node_peers(),
                 (addr, port),
                 env_extra,
-                _backend_name(backend),
+                wg_backend,
             )
             _create_instances(backend, cls_with_init, refs, envs)
         except BaseException:
@@ -705,75 +707,6 @@ def _splits_per_rank(args: tuple, kwargs: dict, n: int) -> bool:
     """verl's rule: split only when every argument is a list of exactly ``n`` items."""
     values = [*args, *kwargs.values()]
     return all(isinstance(v, list) and len(v) == n for v in values)
-
-
-def _rank_envs(
-    refs: list[InstanceRef],
-    local_ranks: list[int],
-    local_sizes: list[int],
-    node_peers: list[list[Slot]],
-    rendezvous: tuple[str, int],
-    extra: dict[str, str],
-    backend_name: str,
-) -> list[dict[str, str]]:
-    """What each rank finds in ``os.environ`` before its class body runs.
-
-    GPU ranks follow torchrun's model: ``CUDA_VISIBLE_DEVICES`` lists the GPUs of every
-    slot the pool has on the rank's node, in local-rank order, and ``LOCAL_RANK`` is the
-    index of the rank's own GPU in that list, so ``torch.cuda.set_device(LOCAL_RANK)``
-    (or ``cuda:LOCAL_RANK``) is the rank's GPU, and NCCL sees its node peers' devices.
-    When the node's slots do not each own a distinct GPU, a rank sees only its own GPU
-    (device 0) and ``LOCAL_RANK`` is still its place on the node.
-    """
-    addr, port = rendezvous
-    envs = []
-    for ref in refs:
-        local_rank = local_ranks[ref.rank]
-        env = {
-            **extra,
-            "RANK": str(ref.rank),
-            "WORLD_SIZE": str(len(refs)),
-            "LOCAL_RANK": str(local_rank),
-            "LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
-            "MASTER_ADDR": addr,
-            "MASTER_PORT": str(port),
-            "WG_PREFIX": ref.group,
-            "WG_BACKEND": backend_name,
-            "RAY_LOCAL_RANK": str(local_rank),
-            "RAY_LOCAL_WORLD_SIZE": str(local_sizes[ref.rank]),
-        }
-        visible = _visible_devices(ref.slot, node_peers[ref.rank], local_rank)
-        if visible is not None:
-            env["CUDA_VISIBLE_DEVICES"] = visible
-        envs.append(env)
-    return envs
-
-
-def _gpu_index(slot: Slot) -> str | None:
-    device = slot.device
-    if device.startswith("cuda:") and device[5:].strip():
-        return device[5:].strip()
-    return None
-
-
-def _visible_devices(slot: Slot, peers: list[Slot], local_rank: int) -> str | None:
-    own = _gpu_index(slot)
-    if own is None:
-        return None
-    ids = [_gpu_index(peer) for peer in peers]
-    consistent = (
-        None not in ids
-        and len(set(ids)) == len(ids)
-        and 0 <= local_rank < len(ids)
-        and ids[local_rank] == own
-    )
-    return ",".join(ids) if consistent else own
-
-
-def _backend_name(backend: Backend) -> str:
-    """``WG_BACKEND``: ``"dask"`` for ``DaskBackend``, ``"local"`` for ``LocalBackend``."""
-    name = type(backend).__name__
-    return (name[: -len("Backend")] if name.endswith("Backend") else name).lower() or "dask"
 
 
 def _pick_cls_with_init(

@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from .base import Backend, BackendFuture, FutureList, InstanceRef, Slot, WorkerLostError
+from .base import (
+    Backend,
+    BackendFuture,
+    FutureList,
+    Futures,
+    InstanceRef,
+    Instances,
+    Placement,
+    Slot,
+    WorkerLostError,
+)
 from .dask.driver.connect import SchedulerLostError, SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
 
@@ -16,9 +26,12 @@ __all__ = [
     "BackendFuture",
     "DaskBackend",
     "FutureList",
+    "Futures",
     "InstanceRef",
+    "Instances",
     "LocalBackend",
     "LocalFuture",
+    "Placement",
     "SchedulerLostError",
     "SchedulerUnreachableError",
     "Slot",

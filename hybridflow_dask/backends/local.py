@@ -9,12 +9,14 @@ tensor afterwards never changes what the other got), each rank's environment is 
 ``os.environ`` while that rank's code runs, and calls from several driver threads run one
 at a time (an instance never sees two of its calls at once, nor a reply torn by another).
 Ranks run one after another, so collectives between ranks (``torch.distributed``) cannot
-work here; use ``DaskBackend`` for those.
+work here; use ``DaskBackend`` for those. ``docs/backends.md`` walks through the contract
+it implements (``backends/base.py``).
 """
 
 from __future__ import annotations
 
 import copy
+import os
 import socket
 import threading
 from collections.abc import Callable, Sequence
@@ -51,6 +53,12 @@ class LocalFuture:
 class LocalBackend:
     """Runs every rank in this process; see the module docstring."""
 
+    #: What ranks see as ``WG_BACKEND``.
+    name = "local"
+    #: Instances live in the driver's process: the conformance kit skips the tests that
+    #: kill a worker process or attach a second driver.
+    in_process = True
+
     def __init__(self) -> None:
         self._table = InstanceTable()
         self._groups: dict[str, list[InstanceRef]] = {}
@@ -68,7 +76,7 @@ class LocalBackend:
 
             if not torch.cuda.is_available():
                 raise ValueError("use_gpu=True but this process sees no CUDA device")
-        device = "cuda" if use_gpu else "cpu"
+        device = f"cuda:{_current_gpu()}" if use_gpu else "cpu"
         return [
             Slot(index=i, address="local", host="127.0.0.1", node=node, device=device, name=name)
             for i, node in enumerate(
@@ -80,6 +88,7 @@ class LocalBackend:
         pass
 
     def free_port(self, slot: Slot) -> int:
+        self._check_open()
         return find_free_port("127.0.0.1")  # every rank lives in this process
 
     # -- instances and calls ------------------------------------------------------------
@@ -107,10 +116,13 @@ class LocalBackend:
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
     ) -> LocalFuture:
+        self._check_open()
         return self._run(lambda a, k: fn(*a, **k), args, {})
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
-        return [f.result() for f in futures]
+        """Each future's value (the first error raised); other values as they are."""
+        self._check_open()
+        return [f.result() if isinstance(f, LocalFuture) else f for f in futures]
 
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, LocalFuture)
@@ -119,6 +131,7 @@ class LocalBackend:
         return not self._closed
 
     def replace(self, slot: Slot) -> Slot:
+        self._check_open()
         return slot  # the driver process is every slot; it cannot die under its own feet
 
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
@@ -131,6 +144,7 @@ class LocalBackend:
                     del self._groups[ref.group]
 
     def lookup(self, group: str) -> list[InstanceRef]:
+        self._check_open()
         return list(self._groups.get(group, []))
 
     def shutdown(self) -> None:
@@ -161,6 +175,16 @@ class LocalBackend:
     def _check_open(self) -> None:
         if self._closed:
             raise RuntimeError("this LocalBackend is shut down")
+
+
+def _current_gpu() -> str:
+    """The driver's current GPU as ``CUDA_VISIBLE_DEVICES`` names it (``Slot.device``)."""
+    import torch
+
+    index = torch.cuda.current_device()
+    visible = [v.strip() for v in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")]
+    visible = [v for v in visible if v]
+    return visible[index] if index < len(visible) else str(index)
 
 
 def _resolve(value: Any) -> Any:

@@ -88,6 +88,9 @@ class DaskBackend:
     credentials. A given ``client=`` or ``cluster=`` already carries its own.
     """
 
+    #: What ranks see as ``WG_BACKEND`` (the ``Backend`` protocol's ``name``).
+    name = "dask"
+
     def __init__(
         self,
         address: str | None = None,
