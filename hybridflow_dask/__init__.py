@@ -79,29 +79,31 @@ def __dir__() -> list[str]:
 
 
 if TYPE_CHECKING:  # what static tools see; tests check it names exactly _EXPORTS
-    from .colocate import create_colocated_worker_cls  # noqa: F401
-    from .decorators import (  # noqa: F401
-        Dispatch,
-        Execute,
-        make_nd_compute_dataproto_dispatch_fn,
-        register,
-        register_dispatch_mode,
-        update_dispatch_mode,
+    # One name a line, ``X as X``: the explicit re-export a typed package needs.
+    from .colocate import create_colocated_worker_cls as create_colocated_worker_cls
+    from .decorators import Dispatch as Dispatch
+    from .decorators import Execute as Execute
+    from .decorators import (
+        make_nd_compute_dataproto_dispatch_fn as make_nd_compute_dataproto_dispatch_fn,
     )
-    from .protocol import (  # noqa: F401
-        DataProto,
-        DataProtoConfig,
-        DataProtoFuture,
-        DataProtoItem,
-        all_gather_data_proto,
-    )
-    from .recovery import Recovery, RecoveryRecord  # noqa: F401
-    from .resource_pool import (  # noqa: F401
-        ResourcePool,
-        ResourcePoolManager,
-        merge_resource_pool,
-        split_resource_pool,
-    )
-    from .runtime import dashboard_link, get, init, shutdown  # noqa: F401
-    from .worker import ClassWithInitArgs, Worker  # noqa: F401
-    from .worker_group import WorkerGroup  # noqa: F401
+    from .decorators import register as register
+    from .decorators import register_dispatch_mode as register_dispatch_mode
+    from .decorators import update_dispatch_mode as update_dispatch_mode
+    from .protocol import DataProto as DataProto
+    from .protocol import DataProtoConfig as DataProtoConfig
+    from .protocol import DataProtoFuture as DataProtoFuture
+    from .protocol import DataProtoItem as DataProtoItem
+    from .protocol import all_gather_data_proto as all_gather_data_proto
+    from .recovery import Recovery as Recovery
+    from .recovery import RecoveryRecord as RecoveryRecord
+    from .resource_pool import ResourcePool as ResourcePool
+    from .resource_pool import ResourcePoolManager as ResourcePoolManager
+    from .resource_pool import merge_resource_pool as merge_resource_pool
+    from .resource_pool import split_resource_pool as split_resource_pool
+    from .runtime import dashboard_link as dashboard_link
+    from .runtime import get as get
+    from .runtime import init as init
+    from .runtime import shutdown as shutdown
+    from .worker import ClassWithInitArgs as ClassWithInitArgs
+    from .worker import Worker as Worker
+    from .worker_group import WorkerGroup as WorkerGroup

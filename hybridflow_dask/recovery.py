@@ -182,7 +182,7 @@ class Recovery:
         logger.warning("step %s: recovered in %.2fs; running it again", step, record.seconds)
 
 
-def _caused_by_lost_worker(exc: BaseException) -> bool:
+def _caused_by_lost_worker(exc: BaseException | None) -> bool:
     """Whether ``exc`` is a ``WorkerLostError`` or was raised while handling one."""
     seen = set()
     while exc is not None and id(exc) not in seen:

@@ -15,7 +15,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from .backends.base import Backend, Slot
 
@@ -355,7 +355,7 @@ def _split_sizes(total: int, split_size: int | Sequence[int]) -> list[int]:
         if split_size <= 0 or total % split_size:
             raise ValueError(f"cannot split a pool of {total} ranks into pieces of {split_size}")
         return [split_size] * (total // split_size)
-    sizes = list(split_size)
+    sizes = list(cast("Sequence[int]", split_size))  # a bool is refused just below
     if any(isinstance(s, bool) or not isinstance(s, int) or s <= 0 for s in sizes):
         raise ValueError(f"split sizes {sizes} must be positive ints")
     if sum(sizes) != total:

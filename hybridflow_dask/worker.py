@@ -134,6 +134,17 @@ class Worker(WorkerHelper):
 
     fused_worker_attr_name = "fused_worker_dict"
 
+    # Set on every instance by ``__new__`` (annotations only: no class attributes).
+    _rank: int
+    _world_size: int
+    _local_rank: int
+    _local_world_size: int
+    _master_addr: str | None
+    _master_port: str | None
+    _dispatch_dp_rank: dict[str, int]
+    _collect_dp_rank: dict[str, bool]
+    fused_worker_dict: dict[str, Any]
+
     def __new__(cls, *args: Any, **kwargs: Any) -> Worker:
         obj = super().__new__(cls)
         env = os.environ
@@ -143,9 +154,9 @@ class Worker(WorkerHelper):
         obj._local_world_size = int(env.get("LOCAL_WORLD_SIZE", 1))
         obj._master_addr = env.get("MASTER_ADDR")
         obj._master_port = env.get("MASTER_PORT")
-        obj._dispatch_dp_rank: dict[str, int] = {}
-        obj._collect_dp_rank: dict[str, bool] = {}
-        obj.fused_worker_dict: dict[str, Any] = {}
+        obj._dispatch_dp_rank = {}
+        obj._collect_dp_rank = {}
+        obj.fused_worker_dict = {}
         return obj
 
     def __init__(self, cuda_visible_devices: str | None = None) -> None:

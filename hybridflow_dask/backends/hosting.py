@@ -72,8 +72,8 @@ def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseExc
     where = f"raised by {ref.group}.{method} on rank {ref.rank} (worker {ref.slot.address})"
     if not hasattr(exc, "remote_traceback"):
         with contextlib.suppress(Exception):
-            exc.remote_traceback = "".join(traceback.format_exception(exc))
-    exc.hybridflow_origin = (ref.group, method, ref.rank)
+            exc.remote_traceback = "".join(traceback.format_exception(exc))  # type: ignore[attr-defined]
+    exc.hybridflow_origin = (ref.group, method, ref.rank)  # type: ignore[attr-defined]
     if hasattr(exc, "add_note"):
         exc.add_note(where)
     return exc
@@ -94,7 +94,8 @@ def sendable(exc: BaseException) -> BaseException:
         for name in ("remote_traceback", "hybridflow_origin", "__notes__"):
             if hasattr(exc, name):
                 setattr(stand_in, name, getattr(exc, name))
-        stand_in.add_note(f"(sent as a RuntimeError: the original cannot be pickled: {why!r})")
+        if hasattr(stand_in, "add_note"):  # Python 3.11+
+            stand_in.add_note(f"(sent as a RuntimeError: the original cannot be pickled: {why!r})")
         return stand_in
     return exc
 

@@ -11,13 +11,17 @@ on the class itself. The class also behaves like a mapping of names, as verl's
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any, ClassVar
+from typing import Any, ClassVar, TypeVar
 
 __all__ = ["Dispatch", "Execute", "ExtensibleEnum"]
+
+_E = TypeVar("_E", bound="ExtensibleEnum")
 
 
 class _EnumMeta(type):
     """Class-level lookups: indexing, membership and iteration over the members."""
+
+    _members: dict[str, Any]  # set by ExtensibleEnum.__init_subclass__ on each family
 
     def __iter__(cls) -> Iterator[Any]:
         return iter(list(cls._members.values()))
@@ -67,7 +71,7 @@ class ExtensibleEnum(metaclass=_EnumMeta):
         self.value = value
 
     @classmethod
-    def register(cls, name: str) -> ExtensibleEnum:
+    def register(cls: type[_E], name: str) -> _E:
         """Add ``Cls.NAME`` (``name`` upper-cased); an existing name is a ``ValueError``."""
         if not isinstance(name, str) or not name.isidentifier():
             raise ValueError(f"{cls.__name__} member name must be an identifier, got {name!r}")

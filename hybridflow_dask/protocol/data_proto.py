@@ -9,13 +9,14 @@ pickling puts every tensor out of band (see :mod:`.serialization`).
 
 from __future__ import annotations
 
+import builtins
 import copy
 import logging
 import os
 import pickle
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, SupportsIndex, cast, overload
 
 import numpy as np
 import torch
@@ -97,7 +98,7 @@ def _unfold_array(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
 class DataProtoItem:
     """One row of a DataProto: ``batch`` has no batch dimension, non-tensor values are cells."""
 
-    batch: tensordict.TensorDictBase | None = None
+    batch: tensordict.TensorDictBase = None  # None without tensors (typed as in DataProto)
     non_tensor_batch: dict = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
@@ -131,9 +132,12 @@ class DataProto:
 
     Every array in ``non_tensor_batch`` has N rows; ``meta_info`` is shared by all rows.
     Equality is deliberately not defined: compare the fields.
+
+    ``batch`` is ``None`` when there are no tensors, but it is annotated without
+    ``| None``, as verl annotates it, so that a worker's ``data.batch["x"]`` type-checks.
     """
 
-    batch: tensordict.TensorDictBase | None = None
+    batch: tensordict.TensorDictBase = None
     non_tensor_batch: dict[str, np.ndarray] = field(default_factory=dict)
     meta_info: dict = field(default_factory=dict)
 
@@ -397,6 +401,14 @@ class DataProto:
         non_tensor = {key: value[window] for key, value in self.non_tensor_batch.items()}
         return self._with(batch, non_tensor)
 
+    @overload
+    def __getitem__(self, item: int | np.integer) -> DataProtoItem: ...
+    @overload
+    def __getitem__(
+        self, item: builtins.slice | list | tuple | range | np.ndarray
+    ) -> DataProto: ...
+    @overload
+    def __getitem__(self, item: Any) -> DataProto | DataProtoItem: ...
     def __getitem__(self, item: Any) -> DataProto | DataProtoItem:
         if isinstance(item, slice):
             return self.slice(item.start, item.stop, item.step)
@@ -795,11 +807,11 @@ class DataProto:
         new.meta_info = copy.deepcopy(self.meta_info, memo)
         return new
 
-    def __reduce_ex__(self, protocol: int):
+    def __reduce_ex__(self, protocol: SupportsIndex) -> tuple:
         """Tensors and numeric arrays travel as out-of-band buffers under protocol 5."""
         from .serialization import reduce_dataproto
 
-        return reduce_dataproto(self, protocol)
+        return reduce_dataproto(self, cast(int, protocol))  # pickle passes an int
 
 
 _BATCH_OPS_NAMES = frozenset(

@@ -238,9 +238,9 @@ def take_rows(
     stop = min(start + lens[index], rows)
     lo, hi = row_ranges(rows, n, padded)[dest]
     positions = np.arange(lo, hi)
-    source = np.minimum(positions, rows - 1) if rows else positions
-    mine = (source >= start) & (source < stop)
-    return positions[mine], gather_rows(part, source[mine] - start)
+    taken = np.minimum(positions, rows - 1) if rows else positions
+    mine = (taken >= start) & (taken < stop)
+    return positions[mine], gather_rows(part, taken[mine] - start)
 
 
 def assemble(*pieces: tuple[np.ndarray, Batch]) -> Batch:

@@ -37,7 +37,7 @@ import logging
 import math
 import pickle
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -301,7 +301,8 @@ def _array_buffer(array: np.ndarray) -> memoryview:
     array = np.ascontiguousarray(array)
     if array.size == 0:
         return memoryview(b"")
-    return memoryview(array.reshape(-1).view(np.uint8))
+    # numpy types its arrays as buffers for Python 3.12+ only
+    return memoryview(cast(Any, array.reshape(-1).view(np.uint8)))
 
 
 def _decode_array(entry: dict, reader: _FrameReader) -> np.ndarray:

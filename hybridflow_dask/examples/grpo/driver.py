@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -191,7 +191,7 @@ def run_demo(
                 logger.warning(
                     "fault drill: step %d: SIGKILL to rank %d (pid %d)", step, victim, victim_pid
                 )
-                os.kill(victim_pid, signal.SIGKILL)
+                os.kill(cast(int, victim_pid), signal.SIGKILL)  # set: a drill is pending
             actor_stats = actor.update_actor(batch)  # blocks: the step is done
             stats = _reduce(hf.get(reward_stats), actor_stats)
             if checkpoint_every is not None and step % checkpoint_every == 0:

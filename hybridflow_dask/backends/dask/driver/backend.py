@@ -22,7 +22,7 @@ import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 import dask
 from dask.sizeof import sizeof
@@ -408,7 +408,7 @@ class DaskBackend:
                 raise TimeoutError(self._live.still_running(pending, limit)) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
             if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
-                raise _detached(f.exception())
+                raise _detached(cast(BaseException, f.exception()))  # checked just above
             if isinstance(f, Future) and f.status == "error":
                 state = future_state(f)
                 raise _detached(state.exception).with_traceback(state.traceback)

@@ -97,7 +97,7 @@ class _KeepRestartedWorkers:
 
     def _update_worker_status(self, op: str, msg: Any) -> None:
         if op == "remove":
-            Cluster._update_worker_status(self, op, msg)  # type: ignore[arg-type]
+            Cluster._update_worker_status(self, op, msg)
         else:
             super()._update_worker_status(op, msg)  # type: ignore[misc]
 

@@ -30,7 +30,7 @@ import logging
 import threading
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from distributed import Future
 from distributed.comm import CommClosedError, connect
@@ -357,7 +357,7 @@ class DirectPath:
             if is_tls(slot.address):  # the worker's lane runs TLS: show our certificate
                 tls = self.client.security.get_connection_args("client")["ssl_context"]
             return Lane(
-                host,
+                cast(str, host),  # a worker that offers a lane is on TCP or TLS: a host
                 port,
                 (token_id, token),
                 self._lane_reply,
@@ -441,7 +441,7 @@ class DirectPath:
     def _answered(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
         """A message's reply, or the error that its stream (or lane) broke. Loop thread."""
         if error is None:
-            failure = _reply_error(reply)
+            failure = _reply_error(cast(dict, reply))  # no error: there is a reply
             if (
                 failure is not None
                 and _broke_connection(failure)
@@ -541,7 +541,7 @@ class DirectPath:
 
     def _skip_now(self, message: _Message) -> None:
         if message.ref is not None and not self._live.is_dead(message.slot):
-            self.skip(message.ref, message.seq)
+            self.skip(message.ref, cast(int, message.seq))  # numbered: it has a ref
 
     def _settle(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
         future = message.future

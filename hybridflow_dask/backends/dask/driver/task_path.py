@@ -109,7 +109,7 @@ class TaskPath:
         )
         # The callback also keeps the call's inputs referenced until it is done, so data
         # handed over inside an argument (an unmaterialized future) is not released early.
-        self._hold(future, lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))
+        self._hold(future, lambda f, r=ref, s=seq, _=(args, kwargs): self._after_call(f, r, s))  # type: ignore[misc]
         return future
 
     def fetch(self, futures: Sequence[Future]) -> dict[str, Any]:

@@ -16,7 +16,7 @@ import pickle
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import Any, Protocol, cast
 
 from distributed.protocol.serialize import Serialized, deserialize, serialize
 
@@ -184,11 +184,17 @@ class LaneLimits:
         )
 
 
+class Readable(Protocol):
+    """What ``read_message`` reads from: a buffered binary reader (``sock.makefile("rb")``)."""
+
+    def readinto(self, buffer: Any, /) -> int | None: ...
+
+
 _NO_LIMITS = LaneLimits()
 
 
 def read_message(
-    stream: BinaryIO,
+    stream: Readable,
     pull_from: int | None = None,
     limits: LaneLimits = _NO_LIMITS,
     started: Callable[[], None] | None = None,
@@ -250,11 +256,11 @@ def unpack(value: Any) -> Any:
     return deserialize(value.header, value.frames) if isinstance(value, Framed) else value
 
 
-def _read(stream: BinaryIO, size: int) -> Any:
+def _read(stream: Readable, size: int) -> Any:
     # A large frame goes into numpy memory (not zero-filled first, unlike a bytearray), a
     # block of the process's cache when very large (see ``protocol.large_memory``).
     buffer = bytearray(size) if size < _JOIN_MAX else take(size)
-    view = memoryview(buffer).cast("B")
+    view = memoryview(cast(Any, buffer)).cast("B")  # numpy types its buffer for 3.12+ only
     done = 0
     while done < size:
         got = stream.readinto(view[done:])

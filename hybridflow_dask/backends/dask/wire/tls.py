@@ -20,7 +20,7 @@ import io
 import socket
 import ssl
 import threading
-from typing import Any
+from typing import Any, cast
 
 __all__ = ["TLSChannel"]
 
@@ -66,7 +66,7 @@ class TLSChannel:
         while True:
             with self._state:
                 try:
-                    return self._tls.read(size, view)
+                    return cast(int, self._tls.read(size, view))  # a count, given a buffer
                 except ssl.SSLWantReadError:
                     pass
                 except ssl.SSLZeroReturnError:
