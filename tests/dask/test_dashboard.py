@@ -159,7 +159,7 @@ def test_percentiles_use_a_bounded_window():
     assert percentile([float(i) for i in range(1, 11)], 0.9) == 9.0
     stats = CallStats()
     for i in range(5000):
-        stats.finished("g", "m", False, i / 1000, False)
+        stats.finished("g", "m", False, {"run": i / 1000})
     summary = stats.tables("g")[0]["m"]
     assert summary["calls"] == 5000
     assert 4000 <= summary["p50_ms"] <= 5000  # only the last 1000 durations count
@@ -172,8 +172,8 @@ def test_html_escapes_names_and_marks_dead_ranks():
         InstanceRef(evil, 1, Slot(1, "tcp://b:1", "b", name="w1"), "C<b>"),
     ]
     stats = CallStats()
-    stats.finished(evil, "m&m", False, 0.01, False)
-    view = group_view(evil, refs, {"tcp://a:1": "w0"}, stats)
+    stats.finished(evil, "m&m", False, {"run": 0.01})
+    view = group_view(evil, refs, {"tcp://a:1": {"name": "w0", "pid": 7}}, stats)
     assert [r["alive"] for r in view["ranks"]] == [True, False]
     page = render_html(
         [view], scheduler="tcp://s:1", updated="now", status_url="/status", json_url="/j"

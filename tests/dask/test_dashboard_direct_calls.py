@@ -160,3 +160,32 @@ def test_events_of_unknown_groups_and_malformed_events_are_ignored(hf_dask_clust
     assert "not-published" not in groups
     assert "generate" not in groups[name]["methods"]
     assert not [r for r in client.get_task_stream() if r["key"] == stranger["key"]]
+
+
+def test_the_stream_draws_only_the_run_as_compute_and_inputs_and_reply_as_transfers(
+    hf_dask_cluster, client, group
+):
+    name, workers = group
+    t0 = time.time()
+    phased = {
+        **call(name, "train", 0, t0 + 0.3, 0.5),  # runs 0.3 s .. 0.8 s
+        "received": t0,
+        "inputs": t0 + 0.1,  # fetched inputs for 0.1 s, then queued for 0.2 s
+        "replied": t0 + 0.9,  # replied for 0.1 s
+    }
+    client.run(emit, [phased], workers=[workers[0]])
+
+    (record,) = stream_records(client, {phased["key"]})
+    assert [s["action"] for s in record["startstops"]] == ["transfer", "compute", "transfer"]
+    drawn = rectangles([record])
+    label = f"{name.replace('-', '_')}.train"
+    assert drawn["name"] == [f"transfer-{label}", label, f"transfer-{label}"]
+    assert drawn["duration"] == pytest.approx([100.0, 500.0, 100.0], abs=1e-2)
+    assert drawn["color"][0] == drawn["color"][2] == "red"  # Dask's colour for transfers
+
+    train = wait_for_calls(hf_dask_cluster, name, "train", 1)
+    assert train["p50_ms"] == pytest.approx(500.0, abs=1e-3)  # the run alone
+    split = train["split_p50_ms"]
+    assert split["inputs"] == pytest.approx(100.0, abs=1e-3)
+    assert split["queue"] == pytest.approx(200.0, abs=1e-3)
+    assert split["reply"] == pytest.approx(100.0, abs=1e-3)

@@ -22,6 +22,7 @@ from distributed import Future
 from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
+    "add_dashboard_page",
     "add_handlers",
     "adopt_future",
     "enter_worker",
@@ -50,6 +51,22 @@ def adopt_future(client: Any, key: Any) -> Future:
 def add_handlers(worker: Any, handlers: dict[str, Callable[..., Any]]) -> None:
     """Let ``worker`` answer messages whose ``op`` is one of ``handlers``' names."""
     worker.handlers.update(handlers)
+
+
+def add_dashboard_page(scheduler: Any, route: str) -> bool:
+    """Add ``route`` to the navigation bar of the scheduler's dashboard pages (idempotent).
+
+    Dask's pages draw their tabs from one list per scheduler (``template_variables``),
+    read each time a page is rendered. Whether it was added (``False``: no dashboard).
+    """
+    try:
+        from distributed.dashboard.scheduler import template_variables
+    except ImportError:  # the dashboard needs bokeh, an optional dependency
+        return False
+    pages = template_variables(scheduler)["pages"]
+    if route not in pages:
+        pages.append(route)
+    return True
 
 
 def enter_worker(worker: Any) -> None:

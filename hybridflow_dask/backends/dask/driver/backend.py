@@ -45,7 +45,7 @@ from ..config import (
 from ..internals import fail_future, future_state, pending_future, wait_all
 from ..scheduler.dashboard import register_group_monitor
 from ..wire import serialization  # noqa: F401  (registers the tensor and DataProto serializers)
-from ..wire.keys import GROUP_DATASET, task_key
+from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
 from ..worker.host import InstanceHost
 from ..worker.tasks import WorkerRunner, count_instances, probe_worker
 from .call_path import CallPath
@@ -333,10 +333,22 @@ class DaskBackend:
         with self._lock:
             self._seq[ref.key] = 0
             self._live.hosts(ref)
-            members = [r for r in self._groups.get(ref.group, []) if r.rank != ref.rank]
+            before = self._groups.get(ref.group, [])
+            was = next((r.slot.address for r in before if r.rank == ref.rank), None)
+            members = [r for r in before if r.rank != ref.rank]
             members.append(ref)
             self._groups[ref.group] = members
         self.client.publish_dataset(**{GROUP_DATASET + ref.group: members}, override=True)
+        if was is not None and was != ref.slot.address:  # WorkerGroup.recover()
+            self._report(
+                {
+                    "kind": "recovered",
+                    "group": ref.group,
+                    "rank": ref.rank,
+                    "worker": ref.slot.address,
+                    "message": f"rebuilt from __init__ on {ref.slot.address} (it was on {was})",
+                }
+            )
         seq = self._next_seq(ref)
         future = self._path.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs))
@@ -593,6 +605,30 @@ class DaskBackend:
         stranded = self._live.stranded()
         if stranded:
             self.client.loop.add_callback(self._cancel, stranded)
+        lost: dict[tuple[str, Any, str], int] = {}
+        for ref, method in self._live.pending_with(address):
+            lost[ref.group, ref.rank, method] = lost.get((ref.group, ref.rank, method), 0) + 1
+        for (group, rank, method), count in lost.items():
+            self._report(
+                {
+                    "kind": "lost",
+                    "group": group,
+                    "rank": rank,
+                    "method": method,
+                    "worker": address,
+                    "message": f"{count} call(s) lost with the worker: they fail with "
+                    "WorkerLostError",
+                }
+            )
+
+    def _report(self, event: dict[str, Any]) -> None:
+        """Tell the dashboard (the scheduler's group monitor) what this driver saw."""
+
+        async def send() -> None:
+            with contextlib.suppress(Exception):  # the page is a convenience, never a failure
+                await self.client.scheduler.log_event(topic=EVENT_TOPIC, msg=event)
+
+        self.client.loop.add_callback(send)
 
     async def _cancel(self, futures: list[Any]) -> None:
         tasks = [f for f in futures if isinstance(f, Future) and not f.done()]

@@ -35,6 +35,7 @@ class Liveness:
         self._lock = threading.Lock()
         self._dead: set[str] = set()  # worker ids
         self._id_at: dict[str, str] = {}  # address -> id of the process there now
+        self._was_at: dict[str, str] = {}  # address -> id of the process that died there
         #: task key -> (slot, instance or None, worker ids it needs alive); an entry leaves
         #: when its Future is freed.
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
@@ -77,7 +78,22 @@ class Liveness:
             worker_id = self._id_at.pop(address, None)
             if worker_id is not None:
                 self._dead.add(worker_id)
+                self._was_at[address] = worker_id
         return address if worker_id is not None else None
+
+    def pending_with(self, address: str) -> list[tuple[InstanceRef, str]]:
+        """``(instance, method)`` of the calls not finished when the process that was at
+        ``address`` died, which ran there or needed its data."""
+        worker_id = self._was_at.get(address)
+        found = []
+        for key, (_, ref, needs) in list(self._tasks.items()):
+            if ref is None or worker_id not in needs:
+                continue
+            fut = self._refs.get(key, lambda: None)()
+            if fut is not None and not fut.done():
+                group = ref.group.replace("-", "_")  # as in task keys
+                found.append((ref, _label(fut)[len(group) + 1 :]))
+        return found
 
     # -- questions ---------------------------------------------------------------------------
 

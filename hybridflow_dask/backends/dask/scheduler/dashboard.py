@@ -8,16 +8,21 @@ starts on the scheduler it adds two routes to the dashboard's running web server
 - ``/hybridflow``: an HTML table per worker group, refreshing every 2 s;
 - ``/hybridflow/groups.json``: the same data as JSON.
 
-Groups are the ``hybridflow-group-*`` datasets the backend publishes; a rank is alive while
-its worker address is still in ``scheduler.workers``. Call counts and latencies come from
-two sources, counted alike:
+It also adds a "Hybridflow" tab to the navigation bar of Dask's own pages.
 
-- calls sent as tasks: the scheduler's transitions of keys ``"{group}.{method}-<uuid hex>"``;
-- calls sent straight to a worker (no task): the ``hybridflow-call`` event the worker logs
-  when a call finishes (``Worker.log_event``), which reaches ``SchedulerPlugin.log_event``.
-  Each such call is also handed to Dask's ``TaskStreamPlugin`` as the record of a finished
-  task, through its ``transition`` hook, so the dashboard's task stream shows direct calls
-  as ``group.method`` bars next to ordinary tasks.
+Groups are the ``hybridflow-group-*`` datasets the backend publishes; a rank is alive while
+its worker address is still in ``scheduler.workers``. What the page knows of calls comes
+from the workers that host them, on every call path: the ``hybridflow-call`` events each
+worker logs (``worker.call_log``) with every finished call's phase times and error, and
+with the calls pending there for more than half a second (fetching inputs, queued behind
+earlier calls, or running). Calls on the direct path are also handed to Dask's
+``TaskStreamPlugin`` as records of finished tasks, so the task stream shows them as
+``group.method`` bars: the method as compute, fetching inputs and replying as transfers.
+Routing and bookkeeping tasks are counted from the scheduler's transitions.
+
+Events (errors with their tracebacks, workers that left while hosting ranks, calls a
+driver lost with a worker, ranks ``recover()`` rebuilt) are kept for the plugin's life,
+the most recent ``EVENTS_KEPT``.
 
 The scheduler needs ``hybridflow_dask`` importable to load the plugin.
 """
@@ -36,9 +41,12 @@ from distributed.protocol import deserialize
 from tornado import web
 
 from ...base import InstanceRef
-from ..wire.keys import CALL_TOPIC, GROUP_DATASET
+from ..internals import add_dashboard_page
+from ..wire.keys import CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
+    EventLog,
+    InFlight,
     group_view,
     is_internal,
     label_of,
@@ -62,22 +70,29 @@ DIRECT_LANE = "hybridflow-direct"
 
 
 class GroupMonitor(SchedulerPlugin):
-    """Counts backend calls per (group, method) and serves the page that lists groups.
+    """Counts backend calls per (group, method), keeps recent events, serves the page.
 
-    Everything runs on the scheduler's event loop (transitions and HTTP handlers alike),
-    so no locking is needed.
+    Everything runs on the scheduler's event loop (hooks and HTTP handlers alike), so no
+    locking is needed.
     """
 
     idempotent = True  # a second backend on the same cluster keeps the first one's counts
 
     def __init__(self) -> None:
         self.stats = CallStats()
+        self.inflight = InFlight()
+        self.events = EventLog()
         self.scheduler: Any = None
         self._decoded: dict[str, tuple[Any, list[InstanceRef]]] = {}
+        #: address -> what the page shows of a worker; kept after it leaves, for its events.
+        self._workers: dict[str, dict[str, Any]] = {}
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
         add_routes(scheduler)
+        add_dashboard_page(scheduler, PAGE_ROUTE)  # a "Hybridflow" tab on Dask's own pages
+        for address in scheduler.workers:
+            self.add_worker(scheduler, address)
         # The dashboard adds this plugin when its task stream is first drawn; adding it now
         # (as the dashboard does) also keeps the direct calls made before that.
         if TaskStreamPlugin.name not in scheduler.plugins:
@@ -85,67 +100,124 @@ class GroupMonitor(SchedulerPlugin):
 
     # -- what the scheduler tells us ------------------------------------------------------
 
+    def add_worker(self, scheduler: Any, worker: str) -> None:
+        ws = scheduler.workers.get(worker)
+        if ws is not None:
+            self._workers[worker] = {"name": str(ws.name), "pid": ws.pid}
+
+    def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
+        """A worker left: each rank it hosted, with the calls it had in flight, is an event."""
+        lost = self.inflight.lost(worker)
+        seen = self._workers.pop(worker, {})
+        who = f"worker {seen.get('name', worker)} (pid {seen.get('pid', '?')})"
+        now = time.time()
+        for group, refs in self.groups().items():
+            for ref in refs:
+                if ref.slot.address != worker:
+                    continue
+                calls = [c for c in lost if c["group"] == group and c["rank"] == ref.rank]
+                doing = ", ".join(f"{c['method']} ({c['state']})" for c in calls)
+                self.events.add(
+                    "worker-lost",
+                    now,
+                    group=group,
+                    rank=ref.rank,
+                    worker=worker,
+                    message=f"{who} left the cluster; "
+                    + (f"calls in flight there: {doing}" if doing else "no call known in flight"),
+                )
+
     def transition(self, key: Any, start: str, finish: str, *args: Any, **kwargs: Any) -> None:
-        if start != "processing" and finish not in ("processing", "erred"):
-            return
-        if start == "erred" or self.scheduler is None:
+        """Routing and bookkeeping tasks; calls themselves are reported by their workers."""
+        if start != "processing" or finish not in ("memory", "erred") or self.scheduler is None:
             return
         where = self._locate(key)
-        if where is None:
+        if where is None or not where[2]:
             return
-        stats = self.stats.get(*where)
-        if finish == "processing":
-            stats.running += 1
-            return
-        if start == "processing":
-            stats.running = max(0, stats.running - 1)
-        if finish in ("memory", "erred"):
-            duration = _compute_time(kwargs.get("startstops"))
-            self.stats.finished(*where, duration, finish == "erred")
+        duration = _compute_time(kwargs.get("startstops"))
+        error = None
+        if finish == "erred":
+            error = {"type": "task error", "message": str(kwargs.get("exception_text", ""))}
+        self.stats.finished(*where, {} if duration is None else {"run": duration}, error)
 
     def update_graph(self, scheduler: Any, *args: Any, **kwargs: Any) -> None:
         self.stats.forget(self._published)
 
     def log_event(self, topic: str, msg: Any) -> None:
-        if topic != CALL_TOPIC or self.scheduler is None:
+        if self.scheduler is None or not isinstance(msg, dict):
             return
-        calls = msg.get("calls") if isinstance(msg, dict) else None
-        if not isinstance(calls, (list, tuple)):
-            logger.debug("ignoring a malformed %s event: %r", CALL_TOPIC, msg)
+        if topic == EVENT_TOPIC:
+            self._driver_event(msg)
+        if topic != CALL_TOPIC:
             return
-        for entry in calls:
+        now = time.time()
+        for entry in _listed(msg, "pending"):
+            if _pending_call(entry) and self._published(entry["group"]):
+                self.inflight.report(entry, now)
+        for entry in _listed(msg, "calls"):
             call = _direct_call(entry)
             if call is None:
                 logger.debug("ignoring a malformed call in a %s event: %r", CALL_TOPIC, entry)
                 continue
-            self._record(call)
+            self._record(call, now)
 
-    def _record(self, call: dict[str, Any]) -> None:
+    def _record(self, call: dict[str, Any], now: float) -> None:
         if not self._published(call["group"]):
             return  # a group already shut down (or never published): like a task's call
-        name = call["method"]
-        self.stats.finished(
-            call["group"],
-            method_name(name),
-            is_internal(name),
-            call["stop"] - call["start"],
-            call["status"] != "OK",
-        )
-        self._to_task_stream(call)
+        self.inflight.done(call["worker"], call["key"])
+        name, error = call["method"], call["error"]
+        phases = {
+            "inputs": call["inputs"] - call["received"],
+            "queue": call["start"] - call["inputs"],
+            "run": call["stop"] - call["start"],
+            "reply": call["replied"] - call["stop"],
+        }
+        where = (call["group"], method_name(name), is_internal(name))
+        self.stats.finished(*where, phases, error, rank=call["rank"], when=now)
+        if error is not None:
+            self.events.add(
+                "error",
+                now,
+                group=call["group"],
+                method=method_name(name),
+                rank=call["rank"],
+                worker=call["worker"],
+                **error,
+            )
+        if call["path"] != "task":  # a task's own record is already in the stream
+            self._to_task_stream(call)
+
+    def _driver_event(self, msg: dict[str, Any]) -> None:
+        kind = msg.get("kind")
+        if kind not in DRIVER_EVENTS:
+            logger.debug("ignoring a malformed %s event: %r", EVENT_TOPIC, msg)
+            return
+        fields = {k: msg[k] for k in ("group", "method", "rank", "worker") if k in msg}
+        self.events.add(str(kind), time.time(), message=str(msg.get("message", "")), **fields)
 
     def _to_task_stream(self, call: dict[str, Any]) -> None:
-        """Hand the call to Dask's task stream as the record of a finished task."""
+        """Hand the call to Dask's task stream as the record of a finished task: fetching
+        its inputs and replying as transfers, the method as compute, its wait as a gap."""
         stream = self.scheduler.plugins.get(TaskStreamPlugin.name)
         if stream is None:
             return
         ok = call["status"] == "OK"
+        spans = [
+            ("transfer", call["received"], call["inputs"]),
+            ("compute", call["start"], call["stop"]),
+            ("transfer", call["stop"], call["replied"]),
+        ]
         stream.transition(
             _stream_key(call),
             "processing",
             "memory" if ok else "erred",
             worker=call["worker"],
             thread=DIRECT_LANE,
-            startstops=({"action": "compute", "start": call["start"], "stop": call["stop"]},),
+            startstops=tuple(
+                {"action": action, "start": a, "stop": b}
+                for action, a, b in spans
+                if b > a or action == "compute"
+            ),
             status="OK" if ok else "error",
             nbytes=call["nbytes"],
             metadata={},
@@ -155,11 +227,19 @@ class GroupMonitor(SchedulerPlugin):
     # -- the page's data ------------------------------------------------------------------
 
     def snapshot(self) -> list[dict[str, Any]]:
-        """Every published group with its ranks' liveness and its call statistics."""
+        """Every published group with its ranks' liveness, calls in flight and statistics."""
         groups = self.groups()
         self.stats.forget(groups.__contains__)
-        live = {addr: str(ws.name) for addr, ws in self.scheduler.workers.items()}
-        return [group_view(name, refs, live, self.stats) for name, refs in sorted(groups.items())]
+        self.inflight.forget(groups.__contains__)
+        workers = {
+            addr: {"name": str(ws.name), "pid": ws.pid}
+            for addr, ws in self.scheduler.workers.items()
+        }
+        now = time.time()
+        return [
+            group_view(name, refs, workers, self.stats, self.inflight.of_group(name), now)
+            for name, refs in sorted(groups.items())
+        ]
 
     def groups(self) -> dict[str, list[InstanceRef]]:
         """The groups the backends published, decoded once per publication."""
@@ -199,26 +279,66 @@ class GroupMonitor(SchedulerPlugin):
         return None if found is None else (real[found[0]], *found[1:])
 
 
+#: What a driver reports (``EVENT_TOPIC``): calls it failed because their worker died, and
+#: ranks ``WorkerGroup.recover()`` rebuilt.
+DRIVER_EVENTS = frozenset({"lost", "recovered"})
+
+
+def _listed(msg: dict[str, Any], field: str) -> list[Any]:
+    entries = msg.get(field, ())
+    if not isinstance(entries, (list, tuple)):
+        logger.debug("ignoring a malformed %r in a %s event: %r", field, CALL_TOPIC, msg)
+        return []
+    return list(entries)
+
+
+def _pending_call(msg: Any) -> bool:
+    """Whether a pending-call report has what the page needs."""
+    try:
+        float(msg["age"])
+        if msg.get("running_for") is not None:
+            float(msg["running_for"])
+        return all(isinstance(msg[k], str) for k in ("key", "group", "method", "worker", "state"))
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
 def _direct_call(msg: Any) -> dict[str, Any] | None:
-    """A ``hybridflow-call`` event's fields, checked, or ``None`` when it is malformed."""
+    """A finished call's fields, checked, or ``None`` when it is malformed. Phase times a
+    sender left out default to the neighbouring ones (no time spent in that phase)."""
     if not isinstance(msg, dict):
         return None
     try:
+        start, stop = float(msg["start"]), float(msg["stop"])
+        received = float(msg.get("received", start))
+        inputs = float(msg.get("inputs", received))
         call = {
             "key": str(msg["key"]),
             "group": str(msg["group"]),
             "method": str(msg["method"]),
+            "rank": msg.get("rank"),
             "worker": str(msg["worker"]),
-            "start": float(msg["start"]),
-            "stop": float(msg["stop"]),
+            "path": str(msg.get("path", "direct")),
+            "received": received,
+            "inputs": inputs,
+            "start": start,
+            "stop": stop,
+            "replied": float(msg.get("replied", stop)),
             "status": str(msg.get("status", "OK")),
             "nbytes": int(msg.get("nbytes") or 0),
+            "error": _error(msg.get("error")) if msg.get("status", "OK") != "OK" else None,
         }
     except (KeyError, TypeError, ValueError):
         return None
-    if call["stop"] < call["start"]:
+    if not received <= inputs <= start <= stop <= call["replied"]:
         return None
     return call
+
+
+def _error(detail: Any) -> dict[str, str]:
+    if not isinstance(detail, dict):
+        return {"type": "error", "message": "", "traceback": ""}
+    return {k: str(detail.get(k, "")) for k in ("type", "message", "traceback")}
 
 
 def _stream_key(call: dict[str, Any]) -> str:
@@ -278,12 +398,15 @@ class GroupsPage(_MonitorHandler):
         if monitor is None:
             return
         app = self.application
+        prefix = app.reverse_url("hybridflow-page")[: -len(PAGE_ROUTE)]
         page = render_html(
             monitor.snapshot(),
             scheduler=self.scheduler.address,
             updated=time.strftime("%H:%M:%S"),
-            status_url=app.reverse_url("hybridflow-page")[: -len(PAGE_ROUTE)] + "status",
+            status_url=prefix + "status",
             json_url=app.reverse_url("hybridflow-json"),
+            info_url=prefix + "info/",
+            events=monitor.events.recent(),
         )
         self.set_header("Content-Type", "text/html; charset=UTF-8")
         self.set_header("Cache-Control", "no-store")
@@ -300,7 +423,11 @@ class GroupsJson(_MonitorHandler):
         self.set_header("Cache-Control", "no-store")
         # nosniff: a browser never reads the published names in it as HTML.
         self.set_header("X-Content-Type-Options", "nosniff")
-        body = {"scheduler": self.scheduler.address, "groups": monitor.snapshot()}
+        body = {
+            "scheduler": self.scheduler.address,
+            "groups": monitor.snapshot(),
+            "events": monitor.events.recent(),
+        }
         self.write(json.dumps(body, default=str))
 
 

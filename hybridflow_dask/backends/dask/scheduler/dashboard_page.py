@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 import re
+import time
+import urllib.parse
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -22,8 +24,11 @@ import markupsafe
 from ...base import InstanceRef
 
 __all__ = [
+    "PHASES",
     "WINDOW",
     "CallStats",
+    "EventLog",
+    "InFlight",
     "MethodStats",
     "group_view",
     "is_internal",
@@ -32,10 +37,19 @@ __all__ = [
     "method_name",
     "percentile",
     "render_html",
+    "straggling",
 ]
 
-#: How many recent durations each (group, method) keeps for its percentiles.
+#: How many recent durations each (group, method) keeps for its percentiles, per phase.
 WINDOW = 1000
+#: The phases of a call, in the order they happen on the worker.
+PHASES = ("inputs", "queue", "run", "reply")
+#: How many recent events (errors, deaths, lost calls, recoveries) the page keeps.
+EVENTS_KEPT = 500
+#: A running call is a straggler once it has run this many times its method's median ...
+STRAGGLER_FACTOR = 3.0
+#: ... and at least this long (seconds).
+STRAGGLER_MIN_S = 1.0
 #: Label suffixes of the tasks that move rows between ranks (``DataProtoFuture`` routing).
 ROUTING = frozenset({"route", "rows", "assemble"})
 #: Tasks the backend sends for its own bookkeeping rather than for a user's call.
@@ -91,25 +105,42 @@ def percentile(ordered: list[float], q: float) -> float | None:
     return ordered[index]
 
 
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds * 1e3, 3)
+
+
 @dataclass
 class MethodStats:
-    """Outcomes of one (group, method): every finished call counts, errors included."""
+    """Outcomes of one (group, method): every finished call counts, errors included.
+
+    Each phase of a call keeps its own window of durations: ``queue`` (waiting its turn
+    behind the instance's earlier calls), ``inputs`` (fetching its input futures), ``run``
+    (the method itself) and ``reply`` (handing the result back or keeping it).
+    """
 
     calls: int = 0
     errors: int = 0
-    running: int = 0
-    durations: deque = field(default_factory=lambda: deque(maxlen=WINDOW))
+    phases: dict[str, deque] = field(
+        default_factory=lambda: {p: deque(maxlen=WINDOW) for p in PHASES}
+    )
+    last_error: dict[str, Any] | None = None
+    #: rank -> when (scheduler clock) its latest call of this method finished.
+    finished_at: dict[Any, float] = field(default_factory=dict)
 
-    def summary(self) -> dict[str, Any]:
-        ordered = sorted(self.durations)
-        p50, p90 = percentile(ordered, 0.5), percentile(ordered, 0.9)
+    def summary(self, running: int = 0) -> dict[str, Any]:
+        run = sorted(self.phases["run"])
         return {
             "calls": self.calls,
             "errors": self.errors,
-            "running": self.running,
-            "p50_ms": None if p50 is None else round(p50 * 1e3, 3),
-            "p90_ms": None if p90 is None else round(p90 * 1e3, 3),
+            "running": running,
+            "p50_ms": _ms(percentile(run, 0.5)),
+            "p90_ms": _ms(percentile(run, 0.9)),
+            "split_p50_ms": {p: _ms(percentile(sorted(self.phases[p]), 0.5)) for p in PHASES},
+            "last_error": self.last_error,
         }
+
+    def typical_run(self) -> float:
+        return percentile(sorted(self.phases["run"]), 0.5) or 0.0
 
 
 class CallStats:
@@ -127,48 +158,162 @@ class CallStats:
         return stats
 
     def finished(
-        self, group: str, name: str, internal: bool, duration: float | None, error: bool
+        self,
+        group: str,
+        name: str,
+        internal: bool,
+        phases: Mapping[str, float],
+        error: Mapping[str, Any] | None = None,
+        *,
+        rank: Any = None,
+        when: float | None = None,
     ) -> None:
+        """One finished call: its phase durations (seconds) and its error, if it failed."""
         stats = self.get(group, name, internal)
         stats.calls += 1
-        stats.errors += bool(error)
-        if duration is not None:
-            stats.durations.append(duration)
+        for phase, seconds in phases.items():
+            stats.phases[phase].append(max(0.0, seconds))
+        if error is not None:
+            stats.errors += 1
+            stats.last_error = {"rank": rank, "time": when, **error}
+        if rank is not None and when is not None:
+            stats.finished_at[rank] = when
 
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the groups ``keep`` rejects (shut down), so a long-lived scheduler stays small."""
         for group in [g for g in self.groups if not keep(g)]:
             del self.groups[group]
 
-    def tables(self, group: str) -> tuple[dict[str, dict], dict[str, dict]]:
+    def method(self, group: str, name: str) -> MethodStats | None:
+        return self.groups.get(group, ({}, {}))[0].get(name)
+
+    def tables(
+        self, group: str, running: Mapping[str, int] | None = None
+    ) -> tuple[dict[str, dict], dict[str, dict]]:
         methods, inner = self.groups.get(group, ({}, {}))
+        running = running or {}
+        names = sorted(set(methods) | set(running))
+        empty = MethodStats()
         return (
-            {name: s.summary() for name, s in sorted(methods.items())},
+            {n: methods.get(n, empty).summary(running.get(n, 0)) for n in names},
             {name: s.summary() for name, s in sorted(inner.items())},
         )
 
 
+class InFlight:
+    """The calls workers reported as still pending, by ``(worker, key)``.
+
+    A worker reports a call that has been pending for a while (``call_log``), and again
+    when its state changes (``inputs`` -> ``queued`` -> ``running``); its finished record
+    removes it, and so does its worker's death.
+    """
+
+    def __init__(self) -> None:
+        self.calls: dict[tuple[str, str], dict[str, Any]] = {}
+
+    def report(self, entry: Mapping[str, Any], now: float) -> None:
+        running_for = entry.get("running_for")
+        self.calls[(entry["worker"], entry["key"])] = {
+            "group": entry["group"],
+            "method": method_name(entry["method"]),
+            "rank": entry["rank"],
+            "worker": entry["worker"],
+            "key": entry["key"],
+            "state": entry["state"],
+            "since": now - float(entry["age"]),
+            "started": None if running_for is None else now - float(running_for),
+        }
+
+    def done(self, worker: str, key: str) -> None:
+        self.calls.pop((worker, key), None)
+
+    def lost(self, worker: str) -> list[dict[str, Any]]:
+        """The calls pending on a worker that died; forgotten here."""
+        gone = [k for k in self.calls if k[0] == worker]
+        return [self.calls.pop(k) for k in gone]
+
+    def forget(self, keep: Callable[[str], bool]) -> None:
+        for k in [k for k, c in self.calls.items() if not keep(c["group"])]:
+            del self.calls[k]
+
+    def of_group(self, group: str) -> list[dict[str, Any]]:
+        return [c for c in self.calls.values() if c["group"] == group]
+
+
+class EventLog:
+    """Recent errors, worker deaths, lost calls and recoveries, newest last, bounded."""
+
+    def __init__(self, size: int = EVENTS_KEPT) -> None:
+        self.events: deque[dict[str, Any]] = deque(maxlen=size)
+
+    def add(self, kind: str, when: float, **fields: Any) -> None:
+        self.events.append({"time": when, "kind": kind, **fields})
+
+    def recent(self) -> list[dict[str, Any]]:
+        return list(reversed(self.events))
+
+
+def straggling(call: Mapping[str, Any], stats: MethodStats | None, now: float) -> bool:
+    """Whether a running call is far slower than its peers on the same call: another rank
+    finished this method after this one started, and this one has run ``STRAGGLER_FACTOR``
+    times that method's median (and at least ``STRAGGLER_MIN_S``)."""
+    if call["started"] is None or stats is None:
+        return False
+    seconds = now - call["started"]
+    if seconds < max(STRAGGLER_MIN_S, STRAGGLER_FACTOR * stats.typical_run()):
+        return False
+    return any(r != call["rank"] and t >= call["since"] for r, t in stats.finished_at.items())
+
+
 def group_view(
-    name: str, refs: Iterable[InstanceRef], live: Mapping[str, str], stats: CallStats
+    name: str,
+    refs: Iterable[InstanceRef],
+    workers: Mapping[str, Mapping[str, Any]],
+    stats: CallStats,
+    inflight: Iterable[Mapping[str, Any]] = (),
+    now: float = 0.0,
 ) -> dict[str, Any]:
-    """One group as the page shows it; ``live`` maps worker addresses now up to their names."""
+    """One group as the page shows it; ``workers`` maps the addresses of workers now up to
+    what the scheduler knows of them (``name``, ``pid``)."""
     refs = sorted(refs, key=_rank_order)
-    methods, internal = stats.tables(name)
-    return {
-        "name": name,
-        "class": next((r.cls_name for r in refs if r.cls_name), ""),
-        "world_size": len(refs),
-        "ranks": [
+    pending = []
+    for call in inflight:
+        started = call["started"]
+        pending.append(
+            {
+                "rank": call["rank"],
+                "method": call["method"],
+                "state": call["state"],
+                "seconds": round(now - (started if started is not None else call["since"]), 3),
+                "straggler": straggling(call, stats.method(name, call["method"]), now),
+            }
+        )
+    pending.sort(key=lambda c: (c["method"], repr(c["rank"])))
+    counts: dict[str, int] = {}
+    for call in pending:
+        counts[call["method"]] = counts.get(call["method"], 0) + 1
+    methods, internal = stats.tables(name, counts)
+    ranks = []
+    for r in refs:
+        seen = workers.get(r.slot.address)
+        ranks.append(
             {
                 "rank": r.rank,
                 "address": r.slot.address,
                 "host": r.slot.host,
-                "worker_name": live.get(r.slot.address) or r.slot.name,
+                "worker_name": (seen or {}).get("name") or r.slot.name,
+                "pid": (seen or {}).get("pid"),
                 "device": r.slot.device,
-                "alive": r.slot.address in live,
+                "alive": seen is not None,
+                "pending": [c for c in pending if c["rank"] == r.rank],
             }
-            for r in refs
-        ],
+        )
+    return {
+        "name": name,
+        "class": next((r.cls_name for r in refs if r.cls_name), ""),
+        "world_size": len(refs),
+        "ranks": ranks,
+        "pending": pending,
         "methods": methods,
         "internal": internal,
     }
@@ -194,46 +339,68 @@ header h1 span { color: #ecb172; }
 header a { color: #ecb172; text-decoration: none; }
 header .meta { color: #b8bcc2; font-size: 13px; margin-left: auto; }
 main { padding: 16px 24px; }
-.group { background: #fff; border-radius: 6px; box-shadow: 0 1px 3px rgba(0,0,0,.12);
+a { color: #1f6fb2; }
+.group, .events { background: #fff; border-radius: 6px; box-shadow: 0 1px 3px rgba(0,0,0,.12);
          margin-bottom: 16px; padding: 12px 16px 16px; }
-.group h2 { font-size: 16px; margin: 0 0 10px; font-family: ui-monospace, Menlo, monospace; }
+.group h2, .events h2 { font-size: 16px; margin: 0 0 10px;
+         font-family: ui-monospace, Menlo, monospace; }
 .badge { display: inline-block; border-radius: 10px; padding: 1px 9px; font-size: 12px;
          font-weight: 500; margin-left: 8px; background: #e6e9ee; color: #3e4c59;
          font-family: -apple-system, "Segoe UI", Roboto, Helvetica, Arial, sans-serif; }
+.badge.slow { background: #fde7c8; color: #8a4b00; }
 .cols { display: flex; gap: 24px; flex-wrap: wrap; align-items: flex-start; }
-.cols > div { flex: 1 1 420px; }
+.cols > div { flex: 1 1 480px; min-width: 0; }
 h3 { font-size: 12px; text-transform: uppercase; letter-spacing: .05em; color: #7b8794;
      margin: 4px 0 6px; }
 table { border-collapse: collapse; width: 100%; }
-th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid #e4e7eb; }
-th { font-weight: 600; color: #52606d; background: #f9fafb; font-size: 12px; }
-td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; }
+th, td { text-align: left; padding: 5px 10px; border-bottom: 1px solid #e4e7eb;
+         vertical-align: top; }
+th { font-weight: 600; color: #52606d; background: #f9fafb; font-size: 12px;
+     white-space: nowrap; }
+td.num, th.num { text-align: right; font-variant-numeric: tabular-nums; white-space: nowrap;
+                 width: 5.5em; }
 td.mono { font-family: ui-monospace, Menlo, monospace; font-size: 13px; }
 .alive { color: #1b873f; font-weight: 600; }
 .dead { color: #c62828; font-weight: 600; }
 .err { color: #c62828; font-weight: 600; }
+.run { color: #1f6fb2; font-weight: 600; }
+.slow { color: #b35c00; font-weight: 700; }
 .muted { color: #9aa5b1; }
+.lasterr td { border-bottom: 1px solid #e4e7eb; color: #8a1c1c; font-size: 12px;
+              padding-top: 0; }
 details { margin-top: 8px; color: #52606d; }
+pre { white-space: pre-wrap; font-size: 12px; background: #f9fafb; padding: 8px;
+      border-radius: 4px; margin: 6px 0 0; max-height: 320px; overflow: auto; }
 .empty { color: #7b8794; padding: 32px; text-align: center; }
 """
 
 
-#: Every ``{{ value }}`` is escaped (autoescape), so a group, rank, host or method name
-#: from a published dataset or a worker's event can never become markup on the page.
+#: Every ``{{ value }}`` is escaped (autoescape), so a group, rank, host, method name or
+#: error message from a published dataset or a worker's event can never become markup.
 _TEMPLATE = """\
 {% macro ms(value) %}
 {%- if value is none %}<span class="muted">-</span>{% else %}{{ value|ms }}{% endif -%}
 {% endmacro %}
-{% macro method_table(methods) %}
+{% macro method_table(methods, split) %}
 {% if methods %}
 <table><tr><th>method</th><th class="num">calls</th><th class="num">errors</th>
-<th class="num">running</th><th class="num">p50 ms</th><th class="num">p90 ms</th></tr>
+<th class="num">running</th><th class="num">run p50</th><th class="num">run p90</th>
+{% if split %}<th class="num">queue</th><th class="num">inputs</th>
+<th class="num">reply</th>{% endif %}</tr>
 {% for name, s in methods.items() %}
 <tr><td class="mono">{{ name }}</td><td class="num">{{ s["calls"] }}</td>
 <td class="num">
 {%- if s["errors"] %}<span class="err">{{ s["errors"] }}</span>{% else %}0{% endif -%}
-</td><td class="num">{{ s["running"] }}</td>
-<td class="num">{{ ms(s["p50_ms"]) }}</td><td class="num">{{ ms(s["p90_ms"]) }}</td></tr>
+</td><td class="num">
+{%- if s["running"] %}<span class="run">{{ s["running"] }}</span>{% else %}0{% endif -%}
+</td><td class="num">{{ ms(s["p50_ms"]) }}</td><td class="num">{{ ms(s["p90_ms"]) }}</td>
+{% if split %}<td class="num">{{ ms(s["split_p50_ms"]["queue"]) }}</td>
+<td class="num">{{ ms(s["split_p50_ms"]["inputs"]) }}</td>
+<td class="num">{{ ms(s["split_p50_ms"]["reply"]) }}</td>{% endif %}</tr>
+{% if s["last_error"] %}{% set e = s["last_error"] %}
+<tr class="lasterr"><td colspan="{{ 9 if split else 6 }}">last error (rank {{ e["rank"] }},
+{{ e["time"]|clock }}): {{ e["type"] }}: {{ e["message"]|truncate(300) }}</td></tr>
+{% endif %}
 {% endfor %}
 </table>
 {% else %}
@@ -248,35 +415,66 @@ _TEMPLATE = """\
 <a href="{{ status_url }}">Dask dashboard</a>
 <a href="{{ json_url }}">JSON</a>
 <span class="meta">{{ groups|length }} groups &middot; {{ ranks }} ranks
-{%- if dead %} &middot; <span class="err">{{ dead }} dead</span>{% endif %} &middot;
-scheduler {{ scheduler }} &middot; {{ updated }}</span>
+{%- if dead %} &middot; <span class="err">{{ dead }} dead</span>{% endif %}
+{%- if stragglers %} &middot; <span class="slow">{{ stragglers }} straggling</span>{% endif %}
+&middot; scheduler {{ scheduler }} &middot; {{ updated }}</span>
 </header><main>
 {% for group in groups %}
 {% set dead_ranks = group["ranks"]|rejectattr("alive")|list|length %}
+{% set slow = group["pending"]|selectattr("straggler")|list|length %}
 {% set badges = [group["class"] or "?", "world size %s"|format(group["world_size"])] %}
 <section class="group"><h2>{{ group["name"] -}}
 {% for text in badges %}<span class="badge">{{ text }}</span>{% endfor %}
-{%- if dead_ranks %}<span class="badge dead">{{ dead_ranks }} dead</span>{% endif %}</h2>
+{%- if dead_ranks %}<span class="badge dead">{{ dead_ranks }} dead</span>{% endif %}
+{%- if slow %}<span class="badge slow">{{ slow }} straggling</span>{% endif %}</h2>
 <div class="cols"><div><h3>Ranks</h3>
-<table><tr><th class="num">rank</th><th>worker address</th><th>host</th>
-<th>worker name</th><th>device</th><th>state</th></tr>
+<table><tr><th class="num">rank</th><th>worker</th><th class="num">pid</th><th>host</th>
+<th>device</th><th>state</th><th>now</th></tr>
 {% for r in group["ranks"] %}
 {% set state = "alive" if r["alive"] else "dead" %}
-<tr><td class="num">{{ r["rank"] }}</td><td class="mono">{{ r["address"] }}</td>
-<td>{{ r["host"] }}</td><td>{{ r["worker_name"] }}</td><td>{{ r["device"] }}</td>
-<td><span class="{{ state }}">{{ state }}</span></td></tr>
+<tr><td class="num">{{ r["rank"] }}</td>
+<td class="mono">{% if r["alive"] %}<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
+title="{{ r["worker_name"] }}">{{ r["address"] }}</a>
+<a href="{{ info_url }}logs/{{ r["address"]|quote }}.html">logs</a>
+{%- else %}{{ r["address"] }}{% endif %}</td>
+<td class="num">{{ r["pid"] if r["pid"] is not none else "-" }}</td>
+<td>{{ r["host"] }}</td><td>{{ r["device"] }}</td>
+<td><span class="{{ state }}">{{ state }}</span></td><td>
+{% for c in r["pending"] %}
+<span class="{{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
+{{ c["state"] }} {{ c["seconds"]|seconds }}{% if c["straggler"] %} straggler{% endif %}</span><br>
+{% else %}<span class="muted">idle</span>{% endfor %}</td></tr>
 {% endfor %}
-</table></div><div><h3>Methods (per rank call)</h3>
-{{ method_table(group["methods"]) }}
+</table></div><div><h3>Methods (per rank call, ms)</h3>
+{{ method_table(group["methods"], true) }}
 {% if group["internal"] %}
 <details><summary>routing and bookkeeping tasks</summary>
-{{ method_table(group["internal"]) }}
+{{ method_table(group["internal"], false) }}
 </details>
 {% endif %}
 </div></div></section>
 {% else %}
 <p class="empty">No worker groups on this cluster right now.</p>
 {% endfor %}
+<section class="events"><h2>Events</h2>
+{% if events %}
+<table><tr><th>time</th><th>event</th><th>where</th><th>worker</th><th>what</th></tr>
+{% for e in events %}
+<tr><td class="mono">{{ e["time"]|clock }}</td>
+<td><span class="{{ 'err' if e['kind'] in ('error', 'worker-lost', 'lost') else 'run' }}">
+{{- e["kind"] }}</span></td>
+<td class="mono">{{ e["group"] or "" }}{% if e["method"] %}.{{ e["method"] }}{% endif %}
+{%- if e["rank"] is not none %} rank {{ e["rank"] }}{% endif %}</td>
+<td class="mono">{{ e["worker"] or "" }}</td>
+<td>{% if e["type"] %}<b>{{ e["type"] }}</b>: {% endif %}{{ e["message"] }}
+{% if e["traceback"] %}<details><summary>traceback</summary><pre>{{ e["traceback"] }}</pre>
+</details>{% endif %}</td></tr>
+{% endfor %}
+</table>
+{% else %}
+<p class="muted">no errors, deaths or recoveries so far</p>
+{% endif %}
+</section>
 </main></body></html>
 """
 
@@ -286,6 +484,11 @@ def _environment() -> jinja2.Environment:
         autoescape=True, trim_blocks=True, lstrip_blocks=True, undefined=jinja2.StrictUndefined
     )
     env.filters["ms"] = lambda value: f"{value:,.1f}"
+    env.filters["seconds"] = lambda value: f"{value:,.1f} s"
+    env.filters["clock"] = lambda value: (
+        "-" if value is None else time.strftime("%H:%M:%S", time.localtime(value))
+    )
+    env.filters["quote"] = lambda value: urllib.parse.quote(str(value), safe="")
     return env
 
 
@@ -299,6 +502,8 @@ def render_html(
     updated: str,
     status_url: str,
     json_url: str,
+    info_url: str = "/info/",
+    events: list[dict] | None = None,
     refresh_s: int = 2,
 ) -> str:
     """The whole page, from a template that escapes every value it is given."""
@@ -306,10 +511,21 @@ def render_html(
         groups=groups,
         ranks=sum(g["world_size"] for g in groups),
         dead=sum(not r["alive"] for g in groups for r in g["ranks"]),
+        stragglers=sum(c["straggler"] for g in groups for c in g["pending"]),
+        events=[_event_row(e) for e in events or ()],
         scheduler=scheduler,
         updated=updated,
         status_url=status_url,
         json_url=json_url,
+        info_url=info_url,
         refresh_s=int(refresh_s),
         style=markupsafe.Markup(_STYLE),
     )
+
+
+def _event_row(event: Mapping[str, Any]) -> dict[str, Any]:
+    """Every field the template reads, present (``None`` or empty where an event has none)."""
+    fields = ("group", "method", "rank", "worker", "type", "message", "traceback")
+    return {"time": event.get("time"), "kind": event.get("kind", "?")} | {
+        f: event.get(f) for f in fields
+    }

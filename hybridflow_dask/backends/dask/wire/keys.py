@@ -15,13 +15,20 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CALL_TOPIC", "GROUP_DATASET", "InputKey", "swap_inputs", "task_key"]
+__all__ = ["CALL_TOPIC", "EVENT_TOPIC", "GROUP_DATASET", "InputKey", "swap_inputs", "task_key"]
 
 #: Prefix of the published datasets that list each group's instances (the backend writes them).
 GROUP_DATASET = "hybridflow-group-"
-#: Event topic of a finished direct call: ``{"key", "group", "method", "rank", "worker",
-#: "start", "stop", "status": "OK" | "error", "nbytes"}``, times from the worker's clock.
+#: Event topic of the calls a worker hosts (``worker.call_log``): ``{"calls": [...]}`` for
+#: finished calls (``"key", "group", "method", "rank", "worker", "path"``, the phase times
+#: ``"received", "inputs", "start", "stop", "replied"`` from the worker's clock, ``"status"``
+#: ``"OK" | "error"``, ``"nbytes"`` and, on error, ``"error": {"type", "message",
+#: "traceback"}``) and ``{"pending": [...]}`` for calls still pending (``"state"``, ``"age"``
+#: and ``"running_for"`` in seconds).
 CALL_TOPIC = "hybridflow-call"
+#: Event topic of what a driver saw happen: ``{"kind": "lost" | "recovered", "group",
+#: "rank", "worker", "message", ...}``.
+EVENT_TOPIC = "hybridflow-event"
 
 
 def task_key(label: str) -> str:

@@ -27,12 +27,14 @@ import concurrent.futures
 import contextlib
 import inspect
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from ...base import InstanceRef
 from ...hosting import EnvSwitch, annotate_error
 from ..internals import enter_worker
+from . import rank_output
 
 __all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate"]
 
@@ -190,15 +192,20 @@ class Actor:
         return None
 
     def _run(self, job: Callable[[], Any], future: concurrent.futures.Future) -> None:
+        record = getattr(job, "record", None)  # the call's phase times (see call_log)
+        if record is not None:
+            record.start = time.time()
         try:
             with self._gate.use(self.env):
                 result = job(self)
         except BaseException as exc:  # the method's own error, annotated by the job
+            _stopped(record)
             future.set_exception(exc)
             return
         if inspect.isawaitable(result):
             self._start_coroutine(result, future, job)
         else:
+            _stopped(record)
             _settle(future, job, result)
 
     def _finish_close(self, future: concurrent.futures.Future) -> None:
@@ -247,6 +254,7 @@ class Actor:
                 return await _Gated(awaitable, lambda: self._gate.use(self.env))
 
         def done(task: concurrent.futures.Future) -> None:
+            _stopped(getattr(job, "record", None))
             try:
                 result = task.result()
             except BaseException as exc:
@@ -273,6 +281,7 @@ class Actor:
         ``worker_client()`` work in the instance's methods, as in a Dask actor's."""
         if self.worker is not None:
             enter_worker(self.worker)
+            rank_output.enter(f"{self.ref.group}[{self.ref.rank}]", self.worker)
 
     def _drop_waiting(self) -> None:
         """Close for good: calls still waiting for their turn fail (hold ``_cond``)."""
@@ -300,6 +309,11 @@ class Actor:
             f"instance {self.ref.name} was destroyed: its group was shut down, or the worker "
             "restarted (see WorkerGroup.recover)"
         )
+
+
+def _stopped(record: Any) -> None:
+    if record is not None:
+        record.stop = time.time()
 
 
 def _settle(future: concurrent.futures.Future, job: Any, result: Any) -> None:

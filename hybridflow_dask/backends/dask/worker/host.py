@@ -44,11 +44,12 @@ from ...hosting import find_free_port, sendable
 from ..config import apply_buffer_cache, freeze_gc
 from ..internals import add_handlers, fetch_keys, register_keys
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
-from ..wire.keys import CALL_TOPIC, InputKey, swap_inputs
+from ..wire.keys import InputKey, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, pack, unpack
 from ..wire.snapshot import snapshot
 from .actor import Actor, EnvGate
+from .call_log import CallLog
 from .jobs import Construct, Invoke
 from .lane_server import LaneServer
 
@@ -57,8 +58,6 @@ __all__ = ["PLUGIN_NAME", "InstanceHost", "Registrar"]
 logger = logging.getLogger(__name__)
 
 PLUGIN_NAME = "hybridflow-host"
-#: How long finished direct calls gather before they go to the dashboard in one event.
-CALL_LOG_INTERVAL_S = 0.05
 #: How long a fetch on the socket lane waits for the worker's event loop.
 FETCH_TIMEOUT_S = 60.0
 #: Threads that write fetched results to lanes (the lanes' readers never write them).
@@ -90,7 +89,7 @@ class InstanceHost(WorkerPlugin):
             },
         )
         self._registrar = Registrar(worker)
-        self._calls: list[dict] = []
+        self.calls = CallLog(worker)
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None
         self._fetchers = concurrent.futures.ThreadPoolExecutor(
@@ -105,6 +104,7 @@ class InstanceHost(WorkerPlugin):
             lane, self._lane = self._lane, None
         if lane is not None:
             lane.close()
+        self.calls.close()
         self._fetchers.shutdown(wait=False, cancel_futures=True)
         for actor in actors:
             actor.stop()
@@ -161,15 +161,16 @@ class InstanceHost(WorkerPlugin):
         share: bool = False,
     ) -> dict:
         actor = self.new_actor(ref, env)
-        start = time.time()
+        record = self.calls.begin(ref, key, "__init__")
         try:
             args, kwargs = await self._resolve(args, kwargs, share)
-            await _wrap(actor.submit(driver, seq, Construct(cls, args, kwargs)))
+            record.inputs = time.time()
+            await _wrap(actor.submit(driver, seq, Construct(cls, args, kwargs, record)))
         except BaseException as exc:
             self.forget(ref.key)
-            self._log_call(actor, key, "__init__", start, "error", 0)
+            self.calls.end(record, exc)
             return _error_reply(exc)
-        self._log_call(actor, key, "__init__", start, "OK", 0)
+        self.calls.end(record)
         return {"status": "OK"}
 
     async def handle_call(
@@ -189,31 +190,33 @@ class InstanceHost(WorkerPlugin):
             actor = self.actor(instance)
         except LookupError as exc:
             return _error_reply(exc)
-        start = time.time()
+        record = self.calls.begin(actor.ref, key, method)
         try:
             args, kwargs = await self._resolve(args, kwargs, share)
         except BaseException as exc:
             actor.skip(driver, seq)
+            self.calls.end(record, exc)
             return _error_reply(exc)
+        record.inputs = time.time()
         try:
             # Kept by reference only where the driver chose to share colocated results.
-            invoke = Invoke(method, args, kwargs, snapshot=not (keep and share))
+            invoke = Invoke(method, args, kwargs, snapshot=not (keep and share), record=record)
             result = await _wrap(actor.submit(driver, seq, invoke))
         except BaseException as exc:
-            self._log_call(actor, key, method, start, "error", 0)
+            self.calls.end(record, exc)
             return _error_reply(exc)
         if keep:
             nbytes = await self._registrar.keep(key, result, client)
-            self._log_call(actor, key, method, start, "OK", nbytes)
+            self.calls.end(record, nbytes=nbytes)
             if is_plain(result):  # the driver keeps a copy: gathering it costs no fetch
                 return {"status": "OK", "nbytes": nbytes, "value": result}
             return {"status": "OK", "nbytes": nbytes}
         try:
             payload = _payload(result, actor, method)
         except TypeError as exc:
-            self._log_call(actor, key, method, start, "error", 0)
+            self.calls.end(record, exc)
             return _error_reply(exc)
-        self._log_call(actor, key, method, start, "OK", 0)
+        self.calls.end(record)
         return {"status": "OK", "result": payload}
 
     async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
@@ -338,13 +341,15 @@ class InstanceHost(WorkerPlugin):
         except LookupError as exc:
             fail(exc)
             return
-        start = time.time()
+        record = self.calls.begin(actor.ref, msg["key"], method)
         try:
             args, kwargs = unpack(msg["args"]), unpack(msg["kwargs"])
         except BaseException as exc:
             actor.skip(driver, seq)
             fail(exc)
+            self.calls.end(record, exc)
             return
+        record.inputs = time.time()
 
         def answer(done: Any) -> None:
             error = done.exception()
@@ -353,15 +358,15 @@ class InstanceHost(WorkerPlugin):
                     payload = _payload(done.result(), actor, method)
                 except TypeError as exc:
                     error = exc
-            self._log_call(actor, msg["key"], method, start, "error" if error else "OK", 0)
             if error is not None:
                 fail(error)
             else:
                 reply({"id": ident, "status": "OK", "result": payload})
+            self.calls.end(record, error)
 
         # The reply is written (or its frames released) from the instance's thread before
         # the next call runs: no snapshot needed.
-        invoke = Invoke(method, args, kwargs, snapshot=False)
+        invoke = Invoke(method, args, kwargs, snapshot=False, record=record)
         actor.submit(driver, seq, invoke).add_done_callback(answer)
 
     def handle_port(self) -> dict:
@@ -388,40 +393,6 @@ class InstanceHost(WorkerPlugin):
             return snapshot(found, f"the input {value.key}")  # the producer's: a copy
 
         return swap_inputs(args, swap), swap_inputs(kwargs, swap)
-
-    def _log_call(
-        self, actor: Actor, key: str, method: str, start: float, status: str, nbytes: int
-    ) -> None:
-        """Record a finished direct call for the dashboard; sent in batches (any thread)."""
-        ref = actor.ref
-        record = {
-            "key": key,
-            "group": ref.group,
-            "method": method,
-            "rank": ref.rank,
-            "worker": self.worker.address,
-            "start": start,
-            "stop": time.time(),
-            "status": status,
-            "nbytes": nbytes,
-        }
-        with self._lock:
-            self._calls.append(record)
-            first = len(self._calls) == 1
-        if first:
-            with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
-                self._loop.call_soon_threadsafe(
-                    self._loop.call_later, CALL_LOG_INTERVAL_S, self._send_calls
-                )
-
-    def _send_calls(self) -> None:
-        """One ``hybridflow-call`` event for the calls of the last interval, not one per call:
-        each event costs the worker and the scheduler about as much as a no-op call's own
-        handling, and a burst of calls would double it."""
-        with self._lock:
-            calls, self._calls = self._calls, []
-        if calls:
-            self.worker.log_event(CALL_TOPIC, {"calls": calls})
 
 
 class Registrar:

@@ -14,6 +14,7 @@ from ...base import InstanceRef
 from ...hosting import annotate_error, explain_init_error
 from ..wire.snapshot import snapshot
 from .actor import Actor
+from .call_log import CallRecord
 
 __all__ = ["Construct", "Invoke"]
 
@@ -23,8 +24,11 @@ class Construct:
 
     method = "__init__"
 
-    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
+    def __init__(
+        self, cls: type, args: tuple, kwargs: dict, record: CallRecord | None = None
+    ) -> None:
         self.cls, self.args, self.kwargs = cls, args, kwargs
+        self.record = record
 
     def __call__(self, actor: Actor) -> None:
         if _has_coroutines(self.cls):
@@ -42,8 +46,17 @@ class Invoke:
     it is kept here or written later by Dask's comm, after the next call may have run.
     """
 
-    def __init__(self, method: str, args: tuple, kwargs: dict, *, snapshot: bool) -> None:
+    def __init__(
+        self,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        *,
+        snapshot: bool,
+        record: CallRecord | None = None,
+    ) -> None:
         self.method, self.args, self.kwargs = method, args, kwargs
+        self.record = record  # stamped by the actor as the method starts and ends
         self.capture = self._snapshot if snapshot else None
         self._ref: InstanceRef | None = None
 

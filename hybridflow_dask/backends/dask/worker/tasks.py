@@ -17,6 +17,7 @@ from ...hosting import find_free_port, sendable
 from ..internals import adopt_future
 from ..wire.keys import task_key
 from ..wire.snapshot import Captured, snapshot
+from .call_log import CallRecord
 from .host import PLUGIN_NAME, InstanceHost
 from .jobs import Construct, Invoke
 
@@ -42,15 +43,29 @@ def _host() -> InstanceHost:
         ) from None
 
 
-def _await_off_pool(future: Any) -> Any:
+def _begin(host: InstanceHost, ref: InstanceRef, method: str) -> CallRecord:
+    """The call's record; its inputs were fetched by Dask before the task started (Dask's
+    task stream draws that, and this task's span)."""
+    record = host.calls.begin(ref, str(get_worker().get_current_task()), method, path="task")
+    record.inputs = record.received
+    return record
+
+
+def _await_off_pool(future: Any, record: CallRecord | None = None) -> Any:
     """Wait for an actor's outcome without holding a task thread its inputs may need."""
     secede()
     try:
-        return future.result()
+        result = future.result()
     except BaseException as exc:
         error = sendable(exc)
+    else:
+        if record is not None:
+            _host().calls.end(record)
+        return result
     finally:
         rejoin()
+    if record is not None:
+        _host().calls.end(record, error)
     raise error  # outside the handler: Dask pickles a raised error's context too
 
 
@@ -60,9 +75,10 @@ def create_instance(
     """Build the instance (in its own actor thread) with the rank's environment."""
     host = _host()
     actor = host.new_actor(ref, env)
+    record = _begin(host, ref, "__init__")
     args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     try:
-        _await_off_pool(actor.submit(driver, seq, Construct(cls, args, kwargs)))
+        _await_off_pool(actor.submit(driver, seq, Construct(cls, args, kwargs, record)), record)
     except BaseException:
         host.forget(ref.key)
         raise
@@ -82,13 +98,14 @@ def run_call(
     ``share`` keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
     host = _host()
     actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
+    record = _begin(host, ref, method)
     args, kwargs = Captured.opened(args), Captured.opened(kwargs)
     if private:
         what = f"an input of {ref.group}.{method}"
         args = tuple(snapshot(a, what) if i in private else a for i, a in enumerate(args))
         kwargs = {k: snapshot(v, what) if k in private else v for k, v in kwargs.items()}
-    invoke = Invoke(method, args, kwargs, snapshot=not share)
-    return _await_off_pool(actor.submit(driver, seq, invoke))
+    invoke = Invoke(method, args, kwargs, snapshot=not share, record=record)
+    return _await_off_pool(actor.submit(driver, seq, invoke), record)
 
 
 def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:

@@ -1,0 +1,160 @@
+"""What the dashboard learns of the calls on one worker: their phases, their outcome.
+
+Every call an instance receives, on any path, gets a ``CallRecord`` stamped at each phase:
+
+- ``received``: the message (or task) reached the worker;
+- ``inputs``: its input futures were fetched (equal to ``received`` when it had none);
+- ``start``: its turn came and the method began, in the instance's thread;
+- ``stop``: the method returned or raised;
+- and, when it ends, the time its reply was handed back (or its result kept).
+
+Finished calls go to the scheduler in one ``hybridflow-call`` event per 50 ms, not one per
+call. A call still pending ``REPORT_AFTER_S`` after it arrived is reported while pending
+(fetching inputs, queued or running) and again whenever that state changes, so a hung or
+slow rank shows on the page within a second instead of only when it ends. Fast calls cost
+nothing more than the event they are batched into.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+import traceback
+from typing import Any
+
+from tornado.ioloop import PeriodicCallback
+
+from ...base import InstanceRef
+from ..wire.keys import CALL_TOPIC
+
+__all__ = ["CallLog", "CallRecord", "error_detail"]
+
+#: A call pending this long is reported before it ends.
+REPORT_AFTER_S = 0.5
+#: How often pending calls are looked at.
+SCAN_INTERVAL_S = 0.25
+#: How long finished calls gather before they go to the scheduler in one event.
+SEND_INTERVAL_S = 0.05
+#: The most characters of a traceback or message an event carries.
+TRACEBACK_CHARS = 12_000
+MESSAGE_CHARS = 2_000
+
+
+class CallRecord:
+    """One call's phase times (``time.time()``), filled in as it goes."""
+
+    __slots__ = ("inputs", "key", "method", "path", "received", "ref", "start", "stop", "told")
+
+    def __init__(self, ref: InstanceRef, key: str, method: str, path: str) -> None:
+        self.ref, self.key, self.method, self.path = ref, key, method, path
+        self.received = time.time()
+        self.inputs: float | None = None
+        self.start: float | None = None
+        self.stop: float | None = None
+        self.told = ""  # the pending state last reported to the scheduler
+
+    def state(self) -> str:
+        if self.start is not None:
+            return "running"
+        return "queued" if self.inputs is not None else "inputs"
+
+
+class CallLog:
+    """The worker's records: pending ones, and finished ones not sent yet. Any thread."""
+
+    def __init__(self, worker: Any) -> None:
+        self.worker = worker
+        self._lock = threading.Lock()
+        self._pending: set[CallRecord] = set()
+        self._finished: list[dict] = []
+        self._loop = worker.loop.asyncio_loop
+        self._scan = PeriodicCallback(self._report_pending, SCAN_INTERVAL_S * 1000)
+        self._scan.start()
+
+    def close(self) -> None:
+        self._scan.stop()
+
+    def begin(self, ref: InstanceRef, key: str, method: str, path: str = "direct") -> CallRecord:
+        record = CallRecord(ref, key, method, path)
+        with self._lock:
+            self._pending.add(record)
+        return record
+
+    def end(self, record: CallRecord, error: BaseException | None = None, nbytes: int = 0) -> None:
+        """The call was answered (or its result kept): queue its record for the scheduler."""
+        entry = self._entry(record)
+        received, inputs = record.received, record.inputs or record.received
+        entry.update(
+            received=received,
+            inputs=inputs,
+            # A call that never ran (refused, or its inputs failed) spans no run time.
+            start=record.start or inputs,
+            stop=record.stop or record.start or inputs,
+            replied=time.time(),
+            status="OK" if error is None else "error",
+            nbytes=nbytes,
+        )
+        if error is not None:
+            entry["error"] = error_detail(error)
+        with self._lock:
+            self._pending.discard(record)
+            self._finished.append(entry)
+            first = len(self._finished) == 1
+        if first:
+            with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._loop.call_later, SEND_INTERVAL_S, self.send)
+
+    def send(self) -> None:
+        """One event for the calls finished since the last one (on the worker's loop)."""
+        with self._lock:
+            calls, self._finished = self._finished, []
+        if calls:
+            self.worker.log_event(CALL_TOPIC, {"calls": calls})
+
+    def _report_pending(self) -> None:
+        now = time.time()
+        changed = []
+        with self._lock:
+            for record in self._pending:
+                state = record.state()
+                if state != record.told and now - record.received >= REPORT_AFTER_S:
+                    record.told = state
+                    changed.append((record, state))
+        if not changed:
+            return
+        pending = []
+        for record, state in changed:
+            entry = self._entry(record)
+            entry.update(state=state, age=now - record.received)
+            if record.start is not None:
+                entry["running_for"] = now - record.start
+            pending.append(entry)
+        self.worker.log_event(CALL_TOPIC, {"pending": pending})
+
+    def _entry(self, record: CallRecord) -> dict[str, Any]:
+        ref = record.ref
+        return {
+            "key": record.key,
+            "group": ref.group,
+            "method": record.method,
+            "rank": ref.rank,
+            "worker": self.worker.address,
+            "path": record.path,
+        }
+
+
+def error_detail(exc: BaseException) -> dict[str, str]:
+    """An exception as the page shows it: its type, message and traceback, bounded."""
+    cls = type(exc)
+    name = (
+        cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
+    )
+    try:
+        message = str(exc)
+    except Exception:  # a broken __str__ must not lose the event
+        message = f"<{name}: str() failed>"
+    text = "".join(traceback.format_exception(exc))
+    if len(text) > TRACEBACK_CHARS:
+        text = "...\n" + text[-TRACEBACK_CHARS:]
+    return {"type": name, "message": message[:MESSAGE_CHARS], "traceback": text}
