@@ -1,8 +1,10 @@
 """Dashboard screenshots while worker groups are busy: docs/dashboard.png, docs/dask_status.png.
 
-Starts a ``DaskBackend()`` (its own loopback cluster), runs the GRPO demo on it from a
-thread, and has headless Chromium photograph the ``/hybridflow`` page and Dask's
-``/status`` page while it trains. Needs ``chromium`` on ``PATH`` (Debian:
+Starts a ``DaskBackend`` (its own loopback cluster of 2 workers), runs two colocated groups
+on it from a thread (a non-blocking policy -> critic -> policy chain of 8 MiB tensors each
+step, one rank stalling for 10 s once, ``update`` failing every fifth step), and has
+headless Chromium photograph the ``/hybridflow`` page and Dask's ``/status`` page while
+the stall is under way. Needs ``chromium`` on ``PATH`` (Debian:
 ``apt-get install chromium``). Run: ``python docs/make_screenshots.py``.
 """
 
@@ -22,10 +24,11 @@ import time
 import urllib.request
 from pathlib import Path
 
+import torch
 from tornado.websocket import websocket_connect
 
+import hybridflow_dask as hf
 from hybridflow_dask.backends.dask import DaskBackend
-from hybridflow_dask.examples.grpo.driver import run_demo
 
 logger = logging.getLogger(__name__)
 
@@ -104,24 +107,66 @@ async def _capture(port: int, url: str, wait_s: float) -> bytes:
     return base64.b64decode(shot["data"])
 
 
+class Policy(hf.Worker):
+    """A rank that generates, and learns from the critic's values; rank 1 stalls once and
+    ``update`` fails every fifth step, so the page has a straggler and errors to show."""
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def generate(self, step: int) -> torch.Tensor:
+        time.sleep(STALL_S if (step == STALL_STEP and self.rank == 1) else 0.05)
+        return torch.randn(BATCH_ELEMENTS)  # 8 MiB per rank
+
+    @hf.register(hf.Dispatch.ALL_TO_ALL)
+    def update(self, values: torch.Tensor, step: int) -> float:
+        if step % 5 == 0:
+            raise ValueError(f"loss is NaN at step {step} (rank {self.rank})")
+        time.sleep(0.02)
+        return float(values.mean())
+
+
+class Critic(hf.Worker):
+    @hf.register(hf.Dispatch.ALL_TO_ALL, blocking=False)
+    def values(self, samples: torch.Tensor) -> torch.Tensor:
+        time.sleep(0.03)
+        return samples * 0.5
+
+
+STALL_STEP, STALL_S = 12, 10.0
+BATCH_ELEMENTS = 2 * 1024 * 1024
+
+
+def run(backend: DaskBackend, stop: threading.Event) -> None:
+    """Two colocated groups on one pool, a non-blocking chain per step, to the end."""
+    pool = hf.ResourcePool([2])
+    policy = hf.WorkerGroup(
+        pool, hf.ClassWithInitArgs(Policy), backend=backend, name_prefix="policy"
+    )
+    critic = hf.WorkerGroup(
+        pool, hf.ClassWithInitArgs(Critic), backend=backend, name_prefix="critic"
+    )
+    step = 0
+    while not stop.is_set():
+        step += 1
+        values = critic.values(policy.generate(step))
+        try:
+            policy.update(values, [step] * 2)
+        except ValueError as exc:
+            logger.info("step %d: %s", step, exc)
+    policy.shutdown()
+    critic.shutdown()
+
+
 def main() -> None:
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    with DaskBackend() as backend:
-        done = threading.Event()
-
-        def train() -> None:
-            try:
-                run_demo(steps=400, backend=backend)
-            finally:
-                done.set()
-
-        loop = threading.Thread(target=train, daemon=True)
+    with DaskBackend(n_workers=2) as backend:
+        stop = threading.Event()
+        loop = threading.Thread(target=run, args=(backend, stop), daemon=True)
         loop.start()
-        time.sleep(12)  # cluster up, groups made, enough steps for stable percentiles
-        screenshot(backend.groups_page, DOCS / "dashboard.png", wait_s=2)
+        time.sleep(8)  # cluster up, groups made, the stall under way (with some errors)
+        screenshot(backend.groups_page, DOCS / "dashboard.png", wait_s=3)
         screenshot(backend.dashboard_link, DOCS / "dask_status.png", wait_s=8)
-        done.wait(timeout=300)
-        loop.join(timeout=30)
+        stop.set()
+        loop.join(timeout=60)
 
 
 if __name__ == "__main__":

@@ -366,6 +366,7 @@ td.mono { font-family: ui-monospace, Menlo, monospace; font-size: 13px; }
 .run { color: #1f6fb2; font-weight: 600; }
 .slow { color: #b35c00; font-weight: 700; }
 .muted { color: #9aa5b1; }
+.nowrap { white-space: nowrap; }
 .lasterr td { border-bottom: 1px solid #e4e7eb; color: #8a1c1c; font-size: 12px;
               padding-top: 0; }
 details { margin-top: 8px; color: #52606d; }
@@ -417,7 +418,7 @@ _TEMPLATE = """\
 <span class="meta">{{ groups|length }} groups &middot; {{ ranks }} ranks
 {%- if dead %} &middot; <span class="err">{{ dead }} dead</span>{% endif %}
 {%- if stragglers %} &middot; <span class="slow">{{ stragglers }} straggling</span>{% endif %}
-&middot; scheduler {{ scheduler }} &middot; {{ updated }}</span>
+ &middot; scheduler {{ scheduler }} &middot; {{ updated }}</span>
 </header><main>
 {% for group in groups %}
 {% set dead_ranks = group["ranks"]|rejectattr("alive")|list|length %}
@@ -433,15 +434,15 @@ _TEMPLATE = """\
 {% for r in group["ranks"] %}
 {% set state = "alive" if r["alive"] else "dead" %}
 <tr><td class="num">{{ r["rank"] }}</td>
-<td class="mono">{% if r["alive"] %}<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
-title="{{ r["worker_name"] }}">{{ r["address"] }}</a>
+<td class="mono nowrap">{% if r["alive"] %}<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
+title="{{ r["worker_name"] }}">{{ r["address"] }}</a>&nbsp;&middot;
 <a href="{{ info_url }}logs/{{ r["address"]|quote }}.html">logs</a>
 {%- else %}{{ r["address"] }}{% endif %}</td>
 <td class="num">{{ r["pid"] if r["pid"] is not none else "-" }}</td>
 <td>{{ r["host"] }}</td><td>{{ r["device"] }}</td>
 <td><span class="{{ state }}">{{ state }}</span></td><td>
 {% for c in r["pending"] %}
-<span class="{{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
+<span class="nowrap {{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
 {{ c["state"] }} {{ c["seconds"]|seconds }}{% if c["straggler"] %} straggler{% endif %}</span><br>
 {% else %}<span class="muted">idle</span>{% endfor %}</td></tr>
 {% endfor %}
