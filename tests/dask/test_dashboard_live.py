@@ -15,6 +15,7 @@ from collections.abc import Callable
 from typing import Any
 
 import pytest
+from call_paths import PATHS, backend_on
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, WorkerLostError
@@ -104,6 +105,35 @@ def test_a_sleeping_rank_shows_as_running_and_is_flagged_a_straggler(
         within=REFRESH_S,
     )
     assert done["pending"] == [] and done["methods"]["nap"]["running"] == 0
+
+
+@pytest.mark.parametrize("path", sorted(PATHS))
+def test_every_call_path_reports_calls_in_flight_counts_and_errors(
+    path, hf_dask_cluster, hf_worker_group
+):
+    with backend_on(path, hf_dask_cluster) as backend:
+        group = hf_worker_group(Napper, [2], backend=backend)
+        name = group.name_prefix
+        pending = group.nap([0.0, 1.5])
+        wait_for(
+            backend,
+            lambda b: (g := group_of(b, name))
+            and [c for c in g["ranks"][1]["pending"] if c["state"] == "running"],
+            within=REFRESH_S,
+        )
+        assert hf.get(pending) == [0, 1]
+        with pytest.raises(ValueError):
+            group.fail(3)
+        methods, _ = wait_for(
+            backend,
+            lambda b: (g := group_of(b, name))
+            and g["methods"].get("fail", {}).get("errors") == 2
+            and g["methods"],
+            within=REFRESH_S,
+        )
+        assert [methods[m]["calls"] for m in ("__init__", "nap", "fail")] == [2, 2, 2]
+        assert methods["nap"]["p90_ms"] >= 1500  # rank 1's nap, run time alone
+        assert methods["nap"]["running"] == 0
 
 
 def test_time_waiting_behind_earlier_calls_is_queue_time_not_run_time(
