@@ -8,6 +8,9 @@
 - ``hf_worker_group``: a factory ``make(cls_or_cwia, pool=[2], backend=..., **kw)`` whose
   groups are shut down after the test.
 - the ``gpu`` marker skips a test when no CUDA device is visible.
+- ``--hf-backend=MODULE:FACTORY``: the backend the conformance kit tests
+  (``pytest --hf-backend=pkg.mod:factory --pyargs hybridflow_dask.testing.conformance``;
+  see ``hybridflow_dask.testing.conformance`` and ``docs/backends.md``).
 """
 
 from __future__ import annotations
@@ -17,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from .backends.local import LocalBackend
-from .resource_pool import ResourcePool
-from .worker import ClassWithInitArgs
-from .worker_group import WorkerGroup
+from ..backends.local import LocalBackend
+from ..resource_pool import ResourcePool
+from ..worker import ClassWithInitArgs
+from ..worker_group import WorkerGroup
 
 __all__ = [
     "hf_dask_backend",
@@ -32,10 +35,23 @@ __all__ = [
 
 def pytest_addoption(parser: pytest.Parser) -> None:
     parser.addini("hf_dask_workers", "worker processes in the hf_dask_cluster fixture", default="2")
+    parser.addoption(
+        "--hf-backend",
+        default=None,
+        metavar="MODULE:FACTORY",
+        help="the backend factory the conformance kit (hybridflow_dask.testing.conformance) "
+        "tests: called with no arguments for a backend, and with attach_to=<backend> for a "
+        "second driver on the same cluster if it takes that keyword",
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA GPU; skipped when none is visible")
+    config.addinivalue_line(
+        "markers",
+        "hf_processes: a conformance test that needs instances in processes other than the "
+        "driver's; skipped for backends with in_process = True",
+    )
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
@@ -81,7 +97,7 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
 def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterator[Any]:
     import dask
 
-    from .backends.dask import DaskBackend
+    from ..backends.dask import DaskBackend
 
     workers = pytestconfig.getini("hf_dask_workers")
 
