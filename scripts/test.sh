@@ -1,8 +1,13 @@
 #!/usr/bin/env bash
-# The test command: set up .venv, check style, run the whole suite.
+# The test command: set up .venv, check style, build the docs, run the whole suite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
+# The documentation with warnings as errors, into a throwaway directory (never --quiet:
+# it hides the warnings that --strict turns into a failure).
+site=$(mktemp -d)
+trap 'rm -rf "$site"' EXIT
+.venv/bin/mkdocs build --strict --site-dir "$site"
 .venv/bin/python -m pytest "$@"
