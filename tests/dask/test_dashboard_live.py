@@ -117,8 +117,10 @@ def test_every_call_path_reports_calls_in_flight_counts_and_errors(
         pending = group.nap([0.0, 1.5])
         wait_for(
             backend,
-            lambda b: (g := group_of(b, name))
-            and [c for c in g["ranks"][1]["pending"] if c["state"] == "running"],
+            lambda b: (
+                (g := group_of(b, name))
+                and [c for c in g["ranks"][1]["pending"] if c["state"] == "running"]
+            ),
             within=REFRESH_S,
         )
         assert hf.get(pending) == [0, 1]
@@ -126,9 +128,11 @@ def test_every_call_path_reports_calls_in_flight_counts_and_errors(
             group.fail(3)
         methods, _ = wait_for(
             backend,
-            lambda b: (g := group_of(b, name))
-            and g["methods"].get("fail", {}).get("errors") == 2
-            and g["methods"],
+            lambda b: (
+                (g := group_of(b, name))
+                and g["methods"].get("fail", {}).get("errors") == 2
+                and g["methods"]
+            ),
             within=REFRESH_S,
         )
         assert [methods[m]["calls"] for m in ("__init__", "nap", "fail")] == [2, 2, 2]
@@ -145,9 +149,11 @@ def test_time_waiting_behind_earlier_calls_is_queue_time_not_run_time(
     hf.get([first, second])
     quick, _ = wait_for(
         hf_dask_backend,
-        lambda b: (g := group_of(b, group.name_prefix))
-        and g["methods"].get("quick", {}).get("calls") == 1
-        and g["methods"]["quick"],
+        lambda b: (
+            (g := group_of(b, group.name_prefix))
+            and g["methods"].get("quick", {}).get("calls") == 1
+            and g["methods"]["quick"]
+        ),
         within=REFRESH_S,
     )
     assert quick["split_p50_ms"]["queue"] >= 500  # it waited most of the nap
@@ -204,11 +210,6 @@ def test_ranks_show_their_pid_and_link_to_their_workers_pages_and_logs(
         logs = html.unescape(fetch(f"{base}info/logs/{quoted}.html"))
         label = f"hybridflow.{group.name_prefix}[{rank['rank']}]"
         assert f"{label} - INFO - hello from rank {rank['rank']}" in logs
-
-
-def test_dasks_own_status_page_links_to_the_group_page(hf_dask_backend):
-    status = fetch(hf_dask_backend.dashboard_link)
-    assert '<a href="hybridflow">Hybridflow</a>' in status
 
 
 @pytest.fixture(scope="module")

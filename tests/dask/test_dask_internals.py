@@ -158,3 +158,78 @@ def test_waiting_for_futures_in_order_returns_when_all_are_done_or_at_the_timeou
     start = time.monotonic()
     client.sync(wait_all, [*quick, slow], 30)  # all done already: no wait at all
     assert time.monotonic() - start < 0.5
+
+
+def test_an_owned_cluster_class_overrides_methods_dask_still_has():
+    """The overrides must replace methods of these names and arguments, or they do nothing."""
+    import inspect
+
+    from distributed import LocalCluster
+    from distributed.deploy.spec import SpecCluster
+
+    from hybridflow_dask.backends.dask.internals import owned_cluster_class
+
+    status = inspect.signature(SpecCluster._update_worker_status)
+    assert list(status.parameters) == ["self", "op", "msg"]
+    # What the override skips: SpecCluster's cull of nannies whose worker stayed away.
+    assert "lost-worker-timeout" in inspect.getsource(SpecCluster._update_worker_status)
+    assert list(inspect.signature(LocalCluster._new_worker_name).parameters) == [
+        "self",
+        "worker_number",
+    ]
+    owned = owned_cluster_class(LocalCluster, "slot-")
+    assert issubclass(owned, LocalCluster)
+    assert owned._new_worker_name(None, 3) == "slot-3"
+    assert "_new_worker_name" not in vars(owned_cluster_class(LocalCluster))
+
+
+def _scheduler_side(dask_scheduler):
+    """Runs on the scheduler: each scheduler-side helper, for real."""
+    from distributed.diagnostics.task_stream import TaskStreamPlugin
+
+    from hybridflow_dask.backends.dask.internals import (
+        keep_task_stream,
+        published_datasets,
+        record_finished_task,
+    )
+
+    keep_task_stream(dask_scheduler)
+    key = "canary.call-" + "0" * 32
+    record_finished_task(
+        dask_scheduler,
+        key,
+        ok=True,
+        worker="tcp://w:1",
+        thread="lane",
+        spans=[("transfer", 1.0, 1.5), ("compute", 1.5, 2.0)],
+        nbytes=8,
+    )
+    stream = dask_scheduler.plugins[TaskStreamPlugin.name]
+    (record,) = [r for r in stream.buffer if r["key"] == key]
+    return {
+        "published": sorted(k for k in published_datasets(dask_scheduler) if k.startswith("can")),
+        "startstops": [s["action"] for s in record["startstops"]],
+        "worker": record["worker"],
+    }
+
+
+def test_the_scheduler_side_helpers_read_datasets_and_draw_in_the_task_stream(hf_dask_backend):
+    client = hf_dask_backend.client
+    client.publish_dataset(canary=[1, 2], override=True)
+    try:
+        seen = client.run_on_scheduler(_scheduler_side)
+    finally:
+        client.unpublish_dataset("canary")
+    assert seen == {
+        "published": ["canary"],
+        "startstops": ["transfer", "compute"],
+        "worker": "tcp://w:1",
+    }
+
+
+def test_a_page_added_to_the_dashboards_navigation_shows_on_dasks_pages(hf_dask_backend):
+    import urllib.request
+
+    with urllib.request.urlopen(hf_dask_backend.dashboard_link, timeout=10) as response:
+        status = response.read().decode()
+    assert '<a href="hybridflow">Hybridflow</a>' in status  # added by the group monitor

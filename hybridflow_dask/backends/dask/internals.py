@@ -7,8 +7,10 @@ what ``Client.scatter`` does inside a task), a driver-side ``Future`` for a key 
 computed yet whose outcome we set ourselves (the client's ``FutureState``), and pulling a
 key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
 needs a future that travelled inside an argument to work in the worker's client
-(``Client._send_to_scheduler``). ``tests/dask/test_dask_internals.py`` exercises each one
-for real and fails loudly when a Dask release changes it; ``pyproject.toml`` bounds
+(``Client._send_to_scheduler``). On the scheduler, the dashboard page reads the published
+datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
+owned cluster overrides two ``SpecCluster`` methods. ``tests/dask/test_dask_internals.py``
+exercises each one for real and fails loudly when a Dask release changes it; ``pyproject.toml`` bounds
 ``distributed`` to the versions it passed on.
 """
 
@@ -19,6 +21,8 @@ from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Future
+from distributed.deploy.cluster import Cluster
+from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
@@ -30,7 +34,11 @@ __all__ = [
     "fetch_keys",
     "finish_future",
     "future_state",
+    "keep_task_stream",
+    "owned_cluster_class",
     "pending_future",
+    "published_datasets",
+    "record_finished_task",
     "register_keys",
     "submit_as",
     "wait_all",
@@ -67,6 +75,75 @@ def add_dashboard_page(scheduler: Any, route: str) -> bool:
     if route not in pages:
         pages.append(route)
     return True
+
+
+def owned_cluster_class(base: type, worker_prefix: str = "") -> type:
+    """A subclass of the cluster class ``base`` for a cluster the backend owns: it never
+    closes a nanny because its worker left the scheduler for a while, and (with
+    ``worker_prefix``) names its workers ``<prefix><n>`` in the dashboard.
+
+    ``SpecCluster._update_worker_status`` closes a worker's nanny when, ``lost-worker-
+    timeout`` (15 s) after the worker left, no worker of that name is connected. A worker
+    restarted again within those 15 s (fresh processes for each new pool) can be
+    mid-restart at that instant: its nanny was closed and the cluster lost the slot for
+    good (reproduced: about one restart in five, each wait 60-120 s). On an owned local
+    cluster every worker has a live nanny that starts it again, so nothing needs that cull.
+    """
+
+    def _update_worker_status(self: Any, op: str, msg: Any) -> None:
+        if op == "remove":
+            Cluster._update_worker_status(self, op, msg)  # the bookkeeping, not the cull
+        else:
+            super(owned, self)._update_worker_status(op, msg)
+
+    methods: dict[str, Any] = {"_update_worker_status": _update_worker_status}
+    if worker_prefix:
+        methods["_new_worker_name"] = lambda self, number: f"{worker_prefix}{number}"
+    owned = type(f"Owned{base.__name__}", (base,), methods)
+    return owned
+
+
+def published_datasets(scheduler: Any) -> dict[Any, Any]:
+    """The datasets clients published, as the scheduler keeps them (``{"data": ...}``)."""
+    publish = scheduler.extensions.get("publish")
+    return publish.datasets if publish is not None else {}
+
+
+def keep_task_stream(scheduler: Any) -> None:
+    """Start the task stream's records now (the dashboard starts them when it first draws
+    the stream), so calls made before anyone opened the page are in it."""
+    if TaskStreamPlugin.name not in scheduler.plugins:
+        scheduler.add_plugin(TaskStreamPlugin(scheduler))
+
+
+def record_finished_task(
+    scheduler: Any,
+    key: str,
+    *,
+    ok: bool,
+    worker: str,
+    thread: str,
+    spans: Sequence[tuple[str, float, float]],
+    nbytes: int,
+) -> None:
+    """Add a finished task's record to the task stream, as if the scheduler had seen it:
+    ``spans`` are ``(action, start, stop)`` with Dask's actions (``compute``,
+    ``transfer``, ...), drawn in Dask's colours. A call that was no task is drawn this way."""
+    stream = scheduler.plugins.get(TaskStreamPlugin.name)
+    if stream is None:
+        return
+    stream.transition(
+        key,
+        "processing",
+        "memory" if ok else "erred",
+        worker=worker,
+        thread=thread,
+        startstops=tuple({"action": a, "start": b, "stop": c} for a, b, c in spans),
+        status="OK" if ok else "error",
+        nbytes=nbytes,
+        metadata={},
+        stimulus_id=f"hybridflow-{key}",
+    )
 
 
 def enter_worker(worker: Any) -> None:

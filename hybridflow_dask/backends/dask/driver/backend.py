@@ -1,7 +1,7 @@
 """``DaskBackend``: ranks live in Dask worker processes; the core talks to this class.
 
 It places pools on workers, keeps the per-instance sequence numbers that order calls, and
-learns of dead workers from the scheduler's ``remove-worker`` events (so calls on a dead
+learns of dead workers from the scheduler's plugin hook (``scheduler.deaths``) (so calls on a dead
 rank fail within a fraction of a second instead of hanging). How a call travels is the
 call path's business: ``direct_path`` (the default, a message to the worker's own
 handler) or ``task_path`` (a pinned Dask task, public APIs only). Either way results are
@@ -44,6 +44,7 @@ from ..config import (
 )
 from ..internals import fail_future, future_state, pending_future, wait_all
 from ..scheduler.dashboard import register_group_monitor
+from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..wire import serialization  # noqa: F401  (registers the tensor and DataProto serializers)
 from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
 from ..worker.host import InstanceHost
@@ -166,7 +167,8 @@ class DaskBackend:
         self.client.register_plugin(InstanceHost(), name="hybridflow-host")
         with dask.config.set(_owned_settings() if self._owned_cluster is not None else {}):
             register_group_monitor(self.client)  # the /hybridflow page on the dashboard
-        TopicFanOut.subscribe(self.client, "all", self._on_scheduler_event)
+        register_worker_deaths(self.client)
+        TopicFanOut.subscribe(self.client, DEATH_TOPIC, self._on_worker_removed)
         if self._owned_cluster is not None:
             # A program that ends without shutdown(): close cleanly before distributed's own
             # exit hook (registered earlier, so run later) closes the cluster under us.
@@ -541,7 +543,7 @@ class DaskBackend:
         self._tasks.close()
         self._path.close()
         with contextlib.suppress(Exception):
-            TopicFanOut.unsubscribe(self.client, "all", self._on_scheduler_event)
+            TopicFanOut.unsubscribe(self.client, DEATH_TOPIC, self._on_worker_removed)
             # Let groups shut down just before finish dropping their instances, so the
             # cluster does not close under them.
             pending = [f for f in self._destroying if not f.done()]
@@ -593,8 +595,8 @@ class DaskBackend:
             self._seq[key] = seq
             return seq
 
-    def _on_scheduler_event(self, event: Any) -> None:
-        address = self._live.on_scheduler_event(event)
+    def _on_worker_removed(self, event: Any) -> None:
+        address = self._live.on_worker_removed(event)
         if address is None:
             return
         self._probe.pop(address, None)  # a worker restarted there is another process

@@ -16,7 +16,8 @@ from typing import Any
 
 import dask
 from distributed import LocalCluster
-from distributed.deploy.cluster import Cluster
+
+from ..internals import owned_cluster_class
 
 __all__ = [
     "ClusterChoice",
@@ -84,29 +85,8 @@ def probe_local_cluster() -> ClusterChoice:
     return choose_local_cluster(gpus, gpu_reason, cuda_ok, cuda_reason)
 
 
-class _KeepRestartedWorkers:
-    """Never close a nanny because its worker left the scheduler for a while.
-
-    ``SpecCluster`` closes a worker's nanny when, ``lost-worker-timeout`` (15 s) after the
-    worker left, no worker of that name is connected. A worker restarted again within
-    those 15 s (fresh processes for each new pool) can be mid-restart at that instant:
-    its nanny was closed and the cluster lost the slot for good (reproduced: about one
-    restart in five, each wait 60-120 s). On an owned local cluster every worker has a
-    live nanny that starts it again, so nothing needs that cull.
-    """
-
-    def _update_worker_status(self, op: str, msg: Any) -> None:
-        if op == "remove":
-            Cluster._update_worker_status(self, op, msg)
-        else:
-            super()._update_worker_status(op, msg)  # type: ignore[misc]
-
-
-class _SlotCluster(_KeepRestartedWorkers, LocalCluster):
-    """A LocalCluster whose workers are named ``hf-slot-<n>`` in the dashboard."""
-
-    def _new_worker_name(self, worker_number: int) -> str:
-        return f"hf-slot-{worker_number}"
+#: Names of the workers of an owned CPU cluster in the dashboard: ``hf-slot-<n>``.
+WORKER_PREFIX = "hf-slot-"
 
 
 #: Task-stream records the scheduler of a cluster the backend starts keeps.
@@ -149,14 +129,11 @@ def start_local_cluster(
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster
 
-            class _CUDACluster(_KeepRestartedWorkers, LocalCUDACluster):
-                pass
-
-            cluster = _CUDACluster(**options)
+            cluster = owned_cluster_class(LocalCUDACluster)(**options)
         else:
             options.setdefault("threads_per_worker", 1)
             options.setdefault("processes", True)
-            cluster = _SlotCluster(n_workers=0, **options)
+            cluster = owned_cluster_class(LocalCluster, WORKER_PREFIX)(n_workers=0, **options)
             if n_workers:
                 cluster.scale(n_workers)
     return cluster, choice

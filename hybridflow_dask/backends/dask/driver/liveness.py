@@ -2,8 +2,8 @@
 
 A process is known by the id Dask gives each worker incarnation, not by its address: a
 worker restarted at a fixed port (``dask worker --worker-port``) comes back at the same
-address as a new, empty process. Deaths come from the scheduler's ``remove-worker``
-events; every task the backend submits records the processes it needs alive (its own
+address as a new, empty process. Deaths come from the scheduler's plugin hook
+(``scheduler.deaths``); every task the backend submits records the processes it needs alive (its own
 and those of the inputs it depends on), so a wait on it can fail at once, naming the
 group and rank that died, instead of hanging on a task that can never run.
 """
@@ -68,10 +68,11 @@ class Liveness:
         self._tasks.pop(key, None)
         self._refs.pop(key, None)
 
-    def on_scheduler_event(self, event: Any) -> str | None:
-        """Handle an event of the scheduler's ``all`` topic; the dead address, if any."""
+    def on_worker_removed(self, event: Any) -> str | None:
+        """Handle a ``DEATH_TOPIC`` event (``scheduler.deaths``); the dead address, if it
+        was a process this backend knew."""
         _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
-        if not isinstance(msg, dict) or msg.get("action") != "remove-worker":
+        if not isinstance(msg, dict):
             return None
         address = msg.get("worker")
         with self._lock:
@@ -201,7 +202,7 @@ def lost_error(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
 
 
 class TopicFanOut:
-    """Lets several backends on one ``Client`` each receive the scheduler's ``all`` events.
+    """Lets several backends on one ``Client`` each receive the events of one topic.
 
     A client keeps one handler per topic, so a second subscriber would silently replace
     the first, and the first to unsubscribe would cut off both. One fan-out per client,

@@ -36,12 +36,16 @@ import uuid
 from typing import Any
 
 from distributed import Client, SchedulerPlugin
-from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.protocol import deserialize
 from tornado import web
 
 from ...base import InstanceRef
-from ..internals import add_dashboard_page
+from ..internals import (
+    add_dashboard_page,
+    keep_task_stream,
+    published_datasets,
+    record_finished_task,
+)
 from ..wire.keys import CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
@@ -95,8 +99,7 @@ class GroupMonitor(SchedulerPlugin):
             self.add_worker(scheduler, address)
         # The dashboard adds this plugin when its task stream is first drawn; adding it now
         # (as the dashboard does) also keeps the direct calls made before that.
-        if TaskStreamPlugin.name not in scheduler.plugins:
-            scheduler.add_plugin(TaskStreamPlugin(scheduler))
+        keep_task_stream(scheduler)
 
     # -- what the scheduler tells us ------------------------------------------------------
 
@@ -198,30 +201,19 @@ class GroupMonitor(SchedulerPlugin):
     def _to_task_stream(self, call: dict[str, Any]) -> None:
         """Hand the call to Dask's task stream as the record of a finished task: fetching
         its inputs and replying as transfers, the method as compute, its wait as a gap."""
-        stream = self.scheduler.plugins.get(TaskStreamPlugin.name)
-        if stream is None:
-            return
-        ok = call["status"] == "OK"
         spans = [
             ("transfer", call["received"], call["inputs"]),
             ("compute", call["start"], call["stop"]),
             ("transfer", call["stop"], call["replied"]),
         ]
-        stream.transition(
+        record_finished_task(
+            self.scheduler,
             _stream_key(call),
-            "processing",
-            "memory" if ok else "erred",
+            ok=call["status"] == "OK",
             worker=call["worker"],
             thread=DIRECT_LANE,
-            startstops=tuple(
-                {"action": action, "start": a, "stop": b}
-                for action, a, b in spans
-                if b > a or action == "compute"
-            ),
-            status="OK" if ok else "error",
+            spans=[(action, a, b) for action, a, b in spans if b > a or action == "compute"],
             nbytes=call["nbytes"],
-            metadata={},
-            stimulus_id=f"{CALL_TOPIC}-{call['stop']}",
         )
 
     # -- the page's data ------------------------------------------------------------------
@@ -259,8 +251,7 @@ class GroupMonitor(SchedulerPlugin):
         return out
 
     def _datasets(self) -> dict:
-        publish = self.scheduler.extensions.get("publish") if self.scheduler else None
-        return publish.datasets if publish is not None else {}
+        return published_datasets(self.scheduler) if self.scheduler else {}
 
     def _published(self, group: str) -> bool:
         return GROUP_DATASET + group in self._datasets()

@@ -434,8 +434,9 @@ _TEMPLATE = """\
 {% for r in group["ranks"] %}
 {% set state = "alive" if r["alive"] else "dead" %}
 <tr><td class="num">{{ r["rank"] }}</td>
-<td class="mono nowrap">{% if r["alive"] %}<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
-title="{{ r["worker_name"] }}">{{ r["address"] }}</a>&nbsp;&middot;
+<td class="mono nowrap">{% if r["alive"] %}
+<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
+ title="{{ r["worker_name"] }}">{{ r["address"] }}</a>&nbsp;&middot;
 <a href="{{ info_url }}logs/{{ r["address"]|quote }}.html">logs</a>
 {%- else %}{{ r["address"] }}{% endif %}</td>
 <td class="num">{{ r["pid"] if r["pid"] is not none else "-" }}</td>
