@@ -10,8 +10,8 @@ needs a future that travelled inside an argument to work in the worker's client
 (``Client._send_to_scheduler``). On the scheduler, the dashboard page reads the published
 datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
 owned cluster overrides two ``SpecCluster`` methods. ``tests/dask/test_dask_internals.py``
-exercises each one for real and fails loudly when a Dask release changes it; ``pyproject.toml`` bounds
-``distributed`` to the versions it passed on.
+exercises each one for real and fails loudly when a Dask release changes it;
+``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
 """
 
 from __future__ import annotations
