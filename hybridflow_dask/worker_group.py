@@ -15,7 +15,7 @@ import dataclasses
 import logging
 import uuid
 from collections.abc import Callable, Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .backends.base import Backend, FutureList, InstanceRef, Slot
 from .call_checks import check_fits, check_inputs
@@ -131,6 +131,15 @@ class WorkerGroup:
 
     #: verl's name of the fused worker's generic entry point.
     fused_worker_execute_fn_name = FUSED_EXECUTE
+
+    # Set for a group that made its instances; ``None`` for views and attached groups.
+    _cls_with_init: ClassWithInitArgs | None
+    _master_addr: str | None
+    _master_port: str | None
+
+    if TYPE_CHECKING:
+        # Registered methods are bound per instance at construction (``_bind_methods``).
+        def __getattr__(self, name: str) -> Any: ...
 
     def __init__(
         self,
@@ -274,9 +283,9 @@ class WorkerGroup:
         self._closed = False
         self._parent = parent  # a spawned role view is closed with the fused group
         self._is_init_with_detached_workers = False
-        self._cls_with_init: ClassWithInitArgs | None = None
-        self._master_addr: str | None = None
-        self._master_port: str | None = None
+        self._cls_with_init = None
+        self._master_addr = None
+        self._master_port = None
         self.sub_cls_name = sub_cls_name
         self.fused_worker_used = bool(getattr(cls, "is_fused_worker", False) or sub_cls_name)
         self.wg_dict: dict[str, WorkerGroup] | None = None
@@ -473,7 +482,7 @@ class WorkerGroup:
         the pool, so colocation holds). Its state is lost: a recovered rank starts from
         ``__init__``, and collectives must be set up again by the caller.
         """
-        if not self._owner or self._pool is None:
+        if not self._owner or self._pool is None or self._cls_with_init is None:
             raise ValueError(
                 "only the group that created the instances can recover them (not a spawned "
                 "or detached view)"
@@ -610,10 +619,11 @@ class WorkerGroup:
             try:
                 return fns.dispatch_fn(self, *args, **kwargs)
             except (TypeError, ValueError) as exc:
-                exc.add_note(
-                    f"raised by the dispatch of {self.name_prefix}.{name} in the driver, "
-                    "before anything was sent to its ranks"
-                )
+                if hasattr(exc, "add_note"):  # Python 3.11+
+                    exc.add_note(
+                        f"raised by the dispatch of {self.name_prefix}.{name} in the driver, "
+                        "before anything was sent to its ranks"
+                    )
                 raise
         try:  # the built-in function refuses; a mode replaced by update_dispatch_mode may not
             return fns.dispatch_fn(self, *args, **kwargs)

@@ -94,7 +94,7 @@ def owned_cluster_class(base: type, worker_prefix: str = "") -> type:
         if op == "remove":
             Cluster._update_worker_status(self, op, msg)  # the bookkeeping, not the cull
         else:
-            super(owned, self)._update_worker_status(op, msg)
+            base._update_worker_status(self, op, msg)  # type: ignore[attr-defined]
 
     methods: dict[str, Any] = {"_update_worker_status": _update_worker_status}
     if worker_prefix:

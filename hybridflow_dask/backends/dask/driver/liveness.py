@@ -10,6 +10,7 @@ group and rank that died, instead of hanging on a task that can never run.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -62,7 +63,10 @@ class Liveness:
         # A weak reference with a callback, not weakref.finalize: finalize keeps a global
         # registry and costs several times more, on every call. The callback fires only
         # while this reference is stored, so a newer Future of the same key replaces it.
-        self._refs[key] = weakref.ref(future, lambda _, key=key: self._forget(key))
+        self._refs[key] = weakref.ref(future, functools.partial(self._forgotten, key))
+
+    def _forgotten(self, key: str, _: Any) -> None:
+        self._forget(key)
 
     def _forget(self, key: str) -> None:
         self._tasks.pop(key, None)
@@ -75,6 +79,8 @@ class Liveness:
         if not isinstance(msg, dict):
             return None
         address = msg.get("worker")
+        if not isinstance(address, str):
+            return None
         with self._lock:
             worker_id = self._id_at.pop(address, None)
             if worker_id is not None:

@@ -37,7 +37,7 @@ from typing import Any
 
 from distributed import Client, SchedulerPlugin
 from distributed.protocol import deserialize
-from tornado import web
+from tornado.web import RedirectHandler, RequestHandler, url
 
 from ...base import InstanceRef
 from ..internals import (
@@ -303,6 +303,7 @@ def _direct_call(msg: Any) -> dict[str, Any] | None:
         start, stop = float(msg["start"]), float(msg["stop"])
         received = float(msg.get("received", start))
         inputs = float(msg.get("inputs", received))
+        replied = float(msg.get("replied", stop))
         call = {
             "key": str(msg["key"]),
             "group": str(msg["group"]),
@@ -314,14 +315,14 @@ def _direct_call(msg: Any) -> dict[str, Any] | None:
             "inputs": inputs,
             "start": start,
             "stop": stop,
-            "replied": float(msg.get("replied", stop)),
+            "replied": replied,
             "status": str(msg.get("status", "OK")),
             "nbytes": int(msg.get("nbytes") or 0),
             "error": _error(msg.get("error")) if msg.get("status", "OK") != "OK" else None,
         }
     except (KeyError, TypeError, ValueError):
         return None
-    if not received <= inputs <= start <= stop <= call["replied"]:
+    if not received <= inputs <= start <= stop <= replied:
         return None
     return call
 
@@ -370,7 +371,7 @@ def _decode(name: str, data: Any) -> list[InstanceRef]:
 # -- HTTP -------------------------------------------------------------------------------
 
 
-class _MonitorHandler(web.RequestHandler):
+class _MonitorHandler(RequestHandler):
     def initialize(self, dask_server: Any) -> None:
         self.scheduler = dask_server
 
@@ -442,9 +443,9 @@ def add_routes(scheduler: Any) -> bool:
     app.add_handlers(
         r".*$",
         [
-            web.url(prefix + PAGE_ROUTE, GroupsPage, kwargs, name="hybridflow-page"),
-            web.url(prefix + JSON_ROUTE, GroupsJson, kwargs, name="hybridflow-json"),
-            (prefix + PAGE_ROUTE + "/", web.RedirectHandler, {"url": prefix + PAGE_ROUTE}),
+            url(prefix + PAGE_ROUTE, GroupsPage, kwargs, name="hybridflow-page"),
+            url(prefix + JSON_ROUTE, GroupsJson, kwargs, name="hybridflow-json"),
+            (prefix + PAGE_ROUTE + "/", RedirectHandler, {"url": prefix + PAGE_ROUTE}),
         ],
     )
     logger.debug("serving %s%s on scheduler %s", prefix, PAGE_ROUTE, scheduler.address)

@@ -41,7 +41,7 @@ __all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate"]
 #: How many coroutine calls of one instance may run at once (Ray's default for async actors).
 MAX_CONCURRENCY = 1000
 
-_CLOSE = object()  # the job that ends an actor's thread
+_CLOSE: Any = object()  # the job that ends an actor's thread
 
 _SKIP = object()  # a sequence number that will never be called
 
@@ -118,7 +118,9 @@ class Actor:
 
     # -- what the host asks ---------------------------------------------------------------
 
-    def submit(self, driver: str, seq: int, job: Callable[[], Any]) -> concurrent.futures.Future:
+    def submit(
+        self, driver: str, seq: int, job: Callable[[Actor], Any]
+    ) -> concurrent.futures.Future:
         """Run ``job`` (given the instance) at its turn; the future holds its outcome.
 
         A call whose number was skipped (before or after it arrived) never runs: the
@@ -191,7 +193,7 @@ class Actor:
                 return entry
         return None
 
-    def _run(self, job: Callable[[], Any], future: concurrent.futures.Future) -> None:
+    def _run(self, job: Callable[[Actor], Any], future: concurrent.futures.Future) -> None:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
         if record is not None:
             record.start = time.time()
