@@ -33,8 +33,8 @@ Guarantees that span several methods:
 - **Errors** from ``__init__`` or a method reach ``gather`` with their own type, a note
   ``"raised by {group}.{method} on rank {rank} ..."`` (``hosting.annotate_error`` writes
   it, and sets ``exc.hybridflow_origin = (group, method, rank)`` and
-  ``exc.remote_traceback``). An exception that cannot travel becomes a ``RuntimeError``
-  carrying the same (``hosting.sendable``).
+  ``exc.remote_traceback``; notes need Python 3.11). An exception that cannot travel
+  becomes a ``RuntimeError`` carrying the same (``hosting.sendable``).
 - **Death.** When the process behind a slot dies, every pending and later call, gather
   and create on its instances raises ``WorkerLostError`` naming the group and rank,
   promptly (the project's backends: well under a second), never a hang; ``alive`` turns
