@@ -243,6 +243,9 @@ def test_a_killed_workers_lost_calls_and_the_recovery_are_events(own_backend, hf
     assert "nap (running)" in events["worker-lost"]["message"]
     assert (events["lost"]["rank"], events["lost"]["method"]) == (1, "nap")
     assert "WorkerLostError" in events["lost"]["message"]
+    nap = group_of(page_json(own_backend), "victim")["methods"]["nap"]
+    assert (nap["calls"], nap["errors"]) == (2, 1)  # rank 0's nap, and rank 1's lost one
+    assert nap["last_error"]["type"] == "WorkerLostError"
     assert events["recovered"]["rank"] == 1
     assert events["recovered"]["worker"] == group._rank_slots()[1].address
     shown = html.unescape(fetch(own_backend.groups_page))

@@ -618,6 +618,7 @@ class DaskBackend:
                     "rank": rank,
                     "method": method,
                     "worker": address,
+                    "count": count,
                     "message": f"{count} call(s) lost with the worker: they fail with "
                     "WorkerLostError",
                 }

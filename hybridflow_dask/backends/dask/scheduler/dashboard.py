@@ -196,7 +196,21 @@ class GroupMonitor(SchedulerPlugin):
             logger.debug("ignoring a malformed %s event: %r", EVENT_TOPIC, msg)
             return
         fields = {k: msg[k] for k in ("group", "method", "rank", "worker") if k in msg}
-        self.events.add(str(kind), time.time(), message=str(msg.get("message", "")), **fields)
+        message = str(msg.get("message", ""))
+        self.events.add(str(kind), time.time(), message=message, **fields)
+        if kind == "lost":
+            self._count_lost(msg, message)
+
+    def _count_lost(self, msg: dict[str, Any], message: str) -> None:
+        """Calls a driver lost with their worker failed: each counts as a call and an error."""
+        count, group, method = msg.get("count"), msg.get("group"), msg.get("method")
+        if not (isinstance(count, int) and isinstance(group, str) and isinstance(method, str)):
+            return
+        if not self._published(group):
+            return
+        error = {"type": "WorkerLostError", "message": message, "traceback": ""}
+        for _ in range(min(count, LOST_COUNTED)):
+            self.stats.finished(group, method_name(method), False, {}, error, rank=msg.get("rank"))
 
     def _to_task_stream(self, call: dict[str, Any]) -> None:
         """Hand the call to Dask's task stream as the record of a finished task: fetching
@@ -270,6 +284,8 @@ class GroupMonitor(SchedulerPlugin):
         return None if found is None else (real[found[0]], *found[1:])
 
 
+#: The most lost calls one event adds to a method's counts (a bound on a malformed event).
+LOST_COUNTED = 100_000
 #: What a driver reports (``EVENT_TOPIC``): calls it failed because their worker died, and
 #: ranks ``WorkerGroup.recover()`` rebuilt.
 DRIVER_EVENTS = frozenset({"lost", "recovered"})
