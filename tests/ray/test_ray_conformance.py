@@ -1,0 +1,28 @@
+"""The conformance kit against ``RayBackend``, on the session's Ray instance.
+
+The kit's backend, its second driver and the backend the shutdown test closes are each
+one more ``RayBackend`` attached to the session's Ray (another driver id, its own slot
+hosts and call numbering, the same registry), so no Ray is started here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+pytest.importorskip("ray", reason="ray is not installed (pip install 'hybridflow-dask[ray]')")
+
+from hybridflow_dask.testing.conformance import *  # noqa: F403  (the kit's tests and fixtures)
+
+
+@pytest.fixture(scope="module")
+def hf_backend_factory(ray_backend: Any) -> Callable[..., Any]:
+    from hybridflow_dask.backends.ray import RayBackend
+
+    def make(attach_to: Any = None) -> RayBackend:
+        # Ray is initialized here: a new driver on the same cluster
+        return RayBackend(reuse_processes=True)
+
+    return make
