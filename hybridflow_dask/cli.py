@@ -1,7 +1,8 @@
 """``hybridflow-dask``: run the GRPO demo, or show what this machine offers.
 
 ``hybridflow-dask demo`` starts (or attaches to) a Dask cluster, prints its dashboard
-link, trains the toy GRPO policy with a live progress bar, prints a table and writes
+link (``--backend ray``: a Ray instance, or the Ray cluster at ``--address``; the same
+driver code), trains the toy GRPO policy with a live progress bar, prints a table and writes
 ``metrics.json`` and ``reward.png``; ``--checkpoint-every K`` saves the policy to
 ``--out`` and makes the run survive a lost worker, and ``--kill-worker-at STEP`` kills
 one to show it. ``hybridflow-dask info`` prints the local cluster the backend would
@@ -25,7 +26,7 @@ __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
 
-VERSIONED = ("hybridflow-dask", "dask", "distributed", "torch", "tensordict")
+VERSIONED = ("hybridflow-dask", "dask", "distributed", "torch", "tensordict", "ray")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -77,12 +78,19 @@ def _parser() -> argparse.ArgumentParser:
         help="data-parallel ranks (default 2)",
     )
     demo.add_argument(
+        "--backend",
+        choices=("dask", "ray"),
+        default="dask",
+        help="where the ranks run: Dask worker processes (default) or Ray actors "
+        "(needs the 'ray' extra); the driver code is the same",
+    )
+    demo.add_argument(
         "--address",
-        type=_address,
         default=None,
         metavar="ADDR",
-        help="scheduler address of a running Dask cluster, e.g. tcp://10.0.0.5:8786; "
-        "default: start a local one",
+        help="scheduler address of a running Dask cluster, e.g. tcp://10.0.0.5:8786 (with "
+        "--backend ray: a Ray cluster's, e.g. auto or ray://10.0.0.5:10001); default: "
+        "start a local one",
     )
     demo.add_argument(
         "--out", type=Path, default=Path("out/demo"), help="output folder (default out/demo)"
@@ -153,18 +161,18 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--kill-worker-at needs --checkpoint-every (a checkpoint to restore)")
         if args.kill_worker_at > args.steps:
             parser.error(f"--kill-worker-at {args.kill_worker_at} is after the last step")
+    if args.address is not None and args.backend == "dask":
+        try:
+            args.address = _address(args.address)
+        except argparse.ArgumentTypeError as exc:
+            parser.error(f"argument --address: {exc}")
     _quiet_dask()
-    from .backends.dask import DaskBackend
-
     started = time.perf_counter()
-    try:
-        backend = DaskBackend(address=args.address) if args.address else DaskBackend()
-    except ConnectionError as exc:  # SchedulerUnreachableError: names the address
-        print(f"{parser.prog} demo: error: {exc}", file=sys.stderr)
+    backend = _start_backend(args, parser.prog)
+    if backend is None:
         return 2
     with backend:
-        print(f"Dask dashboard: {backend.dashboard_link}", flush=True)
-        print(f"worker groups:  {backend.groups_page}", flush=True)
+        _announce(backend)
         with _progress(args.steps) as progress:
             try:
                 result = run_demo(
@@ -192,6 +200,43 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     )
     print(f"wrote {metrics_path}" + (f" and {png_path}" if png_path else ""))
     return 0
+
+
+def _start_backend(args: argparse.Namespace, prog: str) -> Any:
+    """The backend ``--backend`` names (attached to ``--address``), or ``None`` after
+    printing one line on why it could not start."""
+    if args.backend == "ray":
+        try:
+            from .backends.ray import RayBackend
+        except ImportError:
+            print(
+                f"{prog} demo: error: --backend ray needs ray: pip install 'hybridflow-dask[ray]'",
+                file=sys.stderr,
+            )
+            return None
+        try:
+            return RayBackend(address=args.address)
+        except (ConnectionError, ValueError, RuntimeError) as exc:
+            where = f" at {args.address}" if args.address else ""
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
+            print(f"{prog} demo: error: no Ray cluster{where}: {first}", file=sys.stderr)
+            return None
+    from .backends.dask import DaskBackend
+
+    try:
+        return DaskBackend(address=args.address) if args.address else DaskBackend()
+    except ConnectionError as exc:  # SchedulerUnreachableError: names the address
+        print(f"{prog} demo: error: {exc}", file=sys.stderr)
+        return None
+
+
+def _announce(backend: Any) -> None:
+    """Where to watch the run: the Dask dashboard, or what Ray the ranks run on."""
+    if backend.name == "ray":
+        print(f"Ray backend:    {backend.describe()}", flush=True)
+        return
+    print(f"Dask dashboard: {backend.dashboard_link}", flush=True)
+    print(f"worker groups:  {backend.groups_page}", flush=True)
 
 
 def recovery_summary(recoveries: list[dict[str, Any]]) -> str:

@@ -1,8 +1,10 @@
 """One local Ray instance for the session, started by the ``RayBackend`` that owns it.
 
-Every other ``RayBackend`` a test makes attaches to it (Ray is initialized in this
-process), so the modules here share one Ray start (a few seconds on 2 cores). Each
-module skips itself, saying why, where ``ray`` is not installed.
+The modules here share that backend (``reuse_processes=True``: a released slot's host
+is kept for the next pool, as the Dask tests reuse their workers, since each new host is
+a process importing torch, seconds on 2 cores). A ``RayBackend`` a test makes itself
+attaches to the same Ray (it is initialized in this process). Each module skips itself,
+saying why, where ``ray`` is not installed.
 """
 
 from __future__ import annotations
@@ -12,13 +14,14 @@ from typing import Any
 
 import pytest
 
-#: Logical slots of the session's Ray instance: the most any test here holds at once.
-SESSION_SLOTS = 12
+#: Logical slots of the session's Ray instance: what the tests here hold at once, kept
+#: hosts included.
+SESSION_SLOTS = 16
 
 
 @pytest.fixture(scope="session")
 def ray_backend() -> Iterator[Any]:
-    """The session's owning ``RayBackend`` (its ``shutdown`` stops Ray at the end)."""
+    """The session's ``RayBackend``; it started Ray, and its ``shutdown`` stops it."""
     from hybridflow_dask.backends.ray import RayBackend
 
     backend = RayBackend(max_slots=SESSION_SLOTS, reuse_processes=True, log_to_driver=False)

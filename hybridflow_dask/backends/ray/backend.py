@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import pickle
+import sys
 import threading
 import time
 import uuid
@@ -77,7 +79,9 @@ class RayBackend:
     where Ray is already initialized it uses that connection and leaves it open.
     ``slot_resources`` is what each slot's bundle asks for: by default one ``hf_slot``
     where the cluster has them, else one CPU (a GPU is added for GPU pools).
-    ``place_timeout`` is how long a pool waits for bundles other pools hold.
+    ``place_timeout`` is how long a pool waits for bundles other pools hold. The
+    driver's import folders (``sys.path`` outside the Python installation) are on the
+    hosts' ``PYTHONPATH``, so worker classes import there as they do here.
 
     Released slots get new processes by default (as every verl group gets new actors:
     no process group, module globals or CUDA context left over); ``reuse_processes=True``
@@ -100,6 +104,7 @@ class RayBackend:
         **init_kwargs: Any,
     ) -> None:
         self._owns_ray = False
+        self._where = "the Ray connection this process already had"
         if ray.is_initialized():
             if address is not None or init_kwargs:
                 raise ValueError(
@@ -118,10 +123,20 @@ class RayBackend:
             else:
                 options["address"] = address
             extra = dict(init_kwargs)
-            options["resources"] = {**options.get("resources", {}), **extra.pop("resources", {})}
+            if address is None or "resources" in extra:
+                options["resources"] = {
+                    **options.get("resources", {}),
+                    **extra.pop("resources", {}),
+                }
+            options["runtime_env"] = _with_driver_paths(extra.pop("runtime_env", None))
             options.update(extra)
             ray.init(**options)
             self._owns_ray = True
+            self._where = (
+                f"the Ray cluster at {address}"
+                if address is not None
+                else "a local Ray instance started for this program (no dashboard)"
+            )
         self.namespace = namespace
         self.place_timeout = float(place_timeout)
         total = ray.cluster_resources()
@@ -151,6 +166,10 @@ class RayBackend:
             get_if_exists=True,
             num_cpus=0,
         ).remote()
+
+    def describe(self) -> str:
+        """Which Ray this backend runs on, in words (what the demo prints)."""
+        return f"{self._where}, namespace {self.namespace!r}"
 
     def __repr__(self) -> str:
         state = "shut down" if self._closed else f"{len(self._own)} slot hosts"
@@ -501,9 +520,16 @@ class RayBackend:
             if keep:
                 self._idle.append(address)
         if keep and host is not None:
-            host.handle.reset.remote()
-        else:
-            self._stop_host(address)
+            try:
+                clean = ray.get(host.handle.reset.remote(), timeout=ASK_WAIT_S)
+            except Exception:
+                clean = False
+            if clean:
+                return
+            with self._lock:
+                if address in self._idle:
+                    self._idle.remove(address)
+        self._stop_host(address)
 
     def _stop_host(self, address: str, keep_group: bool = False) -> None:
         """Kill a host this backend started, and its placement group once it is empty."""
@@ -637,6 +663,31 @@ class RayBackend:
             return ray.get(ref, timeout=ASK_WAIT_S)
         except Exception as exc:
             raise translate(exc, f"slot host {address}" if address else "the registry") from exc
+
+
+def _with_driver_paths(runtime_env: Mapping[str, Any] | None) -> dict[str, Any]:
+    """``runtime_env`` whose ``PYTHONPATH`` also lists the driver's own import folders
+    (its script's, the working directory, what pytest or the program added), so the
+    slot hosts import worker classes from the same modules, as Dask's spawned workers
+    do; a ``PYTHONPATH`` given in ``runtime_env`` is kept as it is."""
+    env = dict(runtime_env or {})
+    env_vars = dict(env.get("env_vars") or {})
+    if "PYTHONPATH" not in env_vars:
+        prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
+        paths = []
+        for entry in sys.path:
+            path = os.path.realpath(entry or os.getcwd())
+            if os.path.isdir(path) and not any(path.startswith(p + os.sep) for p in prefixes):
+                paths.append(path)
+        inherited = os.environ.get("PYTHONPATH", "")
+        joined = os.pathsep.join(
+            dict.fromkeys([*paths, *filter(None, inherited.split(os.pathsep))])
+        )
+        if joined:
+            env_vars["PYTHONPATH"] = joined
+    if env_vars:
+        env["env_vars"] = env_vars
+    return env
 
 
 def _resources(wanted: Mapping[str, float]) -> dict[str, float]:

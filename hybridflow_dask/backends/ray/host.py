@@ -5,9 +5,11 @@ instance placed on its slot (the ranks of colocated groups), each in an ``Actor`
 own (the same per-instance runner the Dask backend uses: a thread, an event loop for
 ``async def`` methods, an environment switched in while it runs, calls taken in the
 driver's sequence order). The actor's own event loop only receives messages, awaits
-inputs and hands calls over, so a long method of one instance never holds up another
-instance, a routing function, or the ``watch`` call the driver uses to see this process
-die.
+inputs and hands calls over, so a long method never holds up a routing function, the
+fetching of other calls' inputs, or the ``watch`` call the driver uses to see this
+process die. (Colocated instances with different environments still take turns: there
+is one ``os.environ`` per process, and the ``EnvGate`` lets only calls of equal
+environments run at once.)
 
 Three things are done here rather than left to Ray, each for a reason:
 
@@ -66,6 +68,7 @@ class SlotHost:
         self.gate = EnvGate()
         self._gone: dict[str, None] = {}
         self._born: dict[str, asyncio.Event] = {}
+        self._running = 0  # calls handed to an instance and not finished
         self._forever = asyncio.Event()  # never set: what watch waits on
         self._fns = concurrent.futures.ThreadPoolExecutor(FN_THREADS, thread_name_prefix="hf-fn")
         self._node_ip = ray.util.get_node_ip_address()
@@ -136,10 +139,13 @@ class SlotHost:
         except BaseException as exc:
             actor.skip(driver, seq)  # its turn passes: later calls go ahead
             raise sendable(exc) from None
+        self._running += 1
         try:
             return await asyncio.wrap_future(actor.submit(driver, seq, _Call(method, args, kwargs)))
         except BaseException as exc:
             raise sendable(exc) from None
+        finally:
+            self._running -= 1
 
     async def skip(self, key: str, driver: str, seq: int) -> None:
         """Call ``seq`` never came (its message could not be sent): later calls go ahead."""
@@ -163,11 +169,13 @@ class SlotHost:
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._fns, lambda: fn(*values))
 
-    async def reset(self) -> None:
-        """Stop every instance: the slot was given back and this process is kept for
-        the next pool (``RayBackend(reuse_processes=True)``)."""
+    async def reset(self) -> bool:
+        """Drop every instance: the slot was given back, to be kept for the next pool
+        (``RayBackend(reuse_processes=True)``). ``False`` when a call is still running
+        (its thread would keep the process busy): the driver stops the host instead."""
         for key in list(self.actors):
             self._forget(key)
+        return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
 

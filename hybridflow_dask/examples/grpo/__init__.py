@@ -7,16 +7,18 @@ a lost worker with ``hf.Recovery``, and ``kill_worker_at=S`` kills one to show i
 """
 
 from .config import GRPOConfig
-from .driver import grpo_workers, run_demo
+from .driver import BACKENDS, grpo_workers, open_backend, run_demo
 from .task import ReverseTask
 from .workers import ActorRolloutRefWorker, RewardWorker, group_relative_advantages
 
 __all__ = [
+    "BACKENDS",
     "ActorRolloutRefWorker",
     "GRPOConfig",
     "ReverseTask",
     "RewardWorker",
     "group_relative_advantages",
     "grpo_workers",
+    "open_backend",
     "run_demo",
 ]

@@ -42,7 +42,7 @@ from hybridflow_dask.backends.base import Backend
 from .config import GRPOConfig
 from .workers import ActorRolloutRefWorker, RewardWorker, make_task
 
-__all__ = ["CHECKPOINT_NAME", "grpo_workers", "run_demo"]
+__all__ = ["BACKENDS", "CHECKPOINT_NAME", "grpo_workers", "open_backend", "run_demo"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,31 @@ StepCallback = Callable[[dict[str, Any]], None]
 
 #: The checkpoint's file name in ``checkpoint_dir`` (one file, replaced at each save).
 CHECKPOINT_NAME = "checkpoint.pt"
+
+#: The backends ``run_demo`` (and ``hybridflow-dask demo --backend``) can start by name.
+BACKENDS = ("dask", "ray")
+
+
+@contextmanager
+def open_backend(name: str, address: str | None = None) -> Iterator[Backend]:
+    """The backend called ``name`` (``"dask"`` or ``"ray"``), started here, or attached
+    to the cluster at ``address``, and shut down on exit: the one argument that moves the
+    same driver code between Dask and Ray."""
+    backend: Backend
+    if name == "dask":
+        from hybridflow_dask.backends.dask import DaskBackend
+
+        backend = DaskBackend(address=address) if address else DaskBackend()
+    elif name == "ray":
+        from hybridflow_dask.backends.ray import RayBackend  # needs the 'ray' extra
+
+        backend = RayBackend(address=address)
+    else:
+        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    try:
+        yield backend
+    finally:
+        backend.shutdown()
 
 
 @contextmanager
@@ -93,7 +118,7 @@ def run_demo(
     *,
     world_size: int = 2,
     seed: int = 0,
-    backend: Backend | None = None,
+    backend: Backend | str | None = None,
     config: GRPOConfig | None = None,
     on_step: StepCallback | None = None,
     checkpoint_every: int | None = None,
@@ -110,7 +135,9 @@ def run_demo(
     all-reduced). ``on_step`` is called with each step's record as it completes.
     ``seed`` is used only when no ``config`` is given. ``backend`` defaults to the
     process-wide one (``hf.init``), as for any WorkerGroup; it must run each rank in its
-    own process (``DaskBackend``), since the ranks rendezvous over gloo.
+    own process (``DaskBackend``, ``RayBackend``), since the ranks rendezvous over gloo.
+    A name (``"dask"`` or ``"ray"``) starts that backend for the run and shuts it down
+    after (``open_backend``): the driver code is the same on both.
 
     ``checkpoint_every=K`` saves the policy and optimizer to
     ``checkpoint_dir/checkpoint.pt`` at the start and after every K-th step (rank 0
@@ -124,6 +151,20 @@ def run_demo(
     rank) is sent SIGKILL, by the pid the rank reports. It kills by pid, so the workers
     must run on this machine.
     """
+    if isinstance(backend, str):
+        with open_backend(backend) as opened:
+            return run_demo(
+                steps,
+                world_size=world_size,
+                seed=seed,
+                backend=opened,
+                config=config,
+                on_step=on_step,
+                checkpoint_every=checkpoint_every,
+                checkpoint_dir=checkpoint_dir,
+                kill_worker_at=kill_worker_at,
+                kill_rank=kill_rank,
+            )
     if steps < 1:
         raise ValueError(f"steps must be at least 1, got {steps}")
     if checkpoint_every is not None:

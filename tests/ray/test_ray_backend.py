@@ -1,0 +1,165 @@
+"""RayBackend's own behaviours on a real local Ray instance (the contract's are the kit's)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'hybridflow-dask[ray]')")
+
+import torch  # noqa: E402
+from ray_workers import Echo  # noqa: E402
+
+import hybridflow_dask as hf  # noqa: E402
+from hybridflow_dask.backends.ray import RayBackend, RayFuture  # noqa: E402
+from hybridflow_dask.backends.ray import futures as ray_futures  # noqa: E402
+
+
+@pytest.fixture
+def backend(ray_backend: RayBackend) -> RayBackend:
+    return ray_backend
+
+
+@pytest.fixture
+def groups(backend: RayBackend) -> Iterator[Any]:
+    made: list[hf.WorkerGroup] = []
+
+    def make(pool: Any, factor: float = 1.0, **kw: Any) -> hf.WorkerGroup:
+        pool = pool if isinstance(pool, hf.ResourcePool) else hf.ResourcePool(pool)
+        group = hf.WorkerGroup(pool, hf.ClassWithInitArgs(Echo, factor), backend=backend, **kw)
+        made.append(group)
+        return group
+
+    yield make
+    for group in reversed(made):
+        group.shutdown()
+
+
+def test_readme_chain_runs_group_to_group_without_the_driver_fetching(groups, monkeypatch):
+    a, b = groups([2], 10), groups([1], -1)
+    fetched: list[Any] = []
+    real_get = ray.get
+
+    def spy(refs: Any, *args: Any, **kwargs: Any) -> Any:
+        fetched.extend(refs if isinstance(refs, list) else [refs])
+        return real_get(refs, *args, **kwargs)
+
+    monkeypatch.setattr(ray_futures.ray, "get", spy)
+    batch = hf.DataProto.from_dict({"x": torch.arange(7.0)}, auto_padding=True)
+    first = a.scale(batch)
+    result = hf.get(b.scale(first))
+    assert result.batch["x"].tolist() == [-10.0 * i for i in range(7)]
+    produced = {part.ref for part in first.parts}
+    assert not produced & set(fetched), "the driver fetched group a's results itself"
+
+
+def test_a_long_call_does_not_hold_up_routing_on_its_slot(groups, backend):
+    pool = hf.ResourcePool([1])
+    slow, other = groups(pool), groups(pool)
+    pids = slow.pid()
+    assert pids == other.pid(), "groups on one pool must share the slot host"
+    sleeping = slow.sleep(3.0)
+    start = time.monotonic()
+    routed = backend.submit(os.getpid, slot=slow.workers[0].slot, label="t.pid")
+    assert backend.gather([routed]) == pids
+    assert time.monotonic() - start < 2.0, "a routing function waited for a method to end"
+    assert hf.get(sleeping) == [3.0]
+
+
+def test_a_result_is_captured_before_the_next_call_changes_it(groups):
+    group = groups([1])
+    early = group.big_state()  # 4 MiB: serialized by Ray only after the coroutine ends
+    group.bump()  # the next call changes the very tensor in place
+    (value,) = hf.get(early)
+    assert float(value.sum()) == 0.0, "a later call changed a result already returned"
+
+
+def test_large_arguments_are_captured_when_the_call_is_made(groups, backend):
+    group = groups([1])
+    tensor = torch.ones(1 << 20)
+    ref = group.workers[0]
+    future = backend.call(ref, "total", (tensor,), {}, label="t.total")
+    tensor.add_(1)
+    assert backend.gather([future]) == [float(1 << 20)]
+
+
+def test_numpy_arguments_arrive_writable(groups):
+    group = groups([1])
+    array = np.zeros(1 << 18)  # 2 MiB: Ray hands it out of its object store
+    assert group.add_in_place(array) == [float(1 << 18)]
+    assert array.sum() == 0.0, "the caller's array changed"
+
+
+def test_a_future_resolved_inside_a_method_may_route_through_its_own_slot(groups):
+    pool = hf.ResourcePool([1])
+    producer, consumer = groups([1, 1]), groups(pool)
+    future = producer.scale(hf.DataProto.from_dict({"x": torch.arange(4.0)}))
+    # 2 parts, resolved in the consumer's host: the routing runs next to the parts while
+    # the consumer's own method waits for it
+    assert consumer.resolve(future) == [[0.0, 1.0, 2.0, 3.0]]
+
+
+def test_submit_runs_on_the_slot_it_names(groups, backend):
+    group = groups([2])
+    pids = group.pid()
+    for rank, ref in enumerate(group.workers):
+        future = backend.submit(os.getpid, slot=ref.slot, label="t.pid")
+        assert isinstance(future, RayFuture)
+        assert backend.gather([future]) == [pids[rank]]
+
+
+def test_a_pool_the_cluster_cannot_hold_is_a_value_error_saying_what_is_missing(backend):
+    with pytest.raises(ValueError, match="hf_slot"):
+        backend.place([100], False, "too_big")
+    with pytest.raises(ValueError, match="use_gpu=True"):
+        backend.place([1], True, "no_gpu")
+
+
+def test_free_port_can_be_bound_on_the_slot_hosts_address(groups, backend):
+    slot = groups([1]).workers[0].slot
+    port = backend.free_port(slot)
+    with socket.socket() as sock:  # the slot host runs on this machine
+        sock.bind((slot.host, port))
+
+
+def test_a_second_driver_process_attaches_by_address_and_its_shutdown_only_disconnects(
+    groups, backend
+):
+    group = groups([2], name_prefix=f"shared_{os.getpid()}")
+    group.count()
+    address = ray.get_runtime_context().gcs_address
+    script = textwrap.dedent(
+        f"""
+        import ray
+        import hybridflow_dask as hf
+        from hybridflow_dask.backends.ray import RayBackend
+        from ray_workers import Echo
+
+        backend = RayBackend(address={address!r}, log_to_driver=False)
+        group = hf.WorkerGroup.from_detached(
+            name_prefix={group.name_prefix!r}, cls_with_init=hf.ClassWithInitArgs(Echo),
+            backend=backend,
+        )
+        print("COUNT", group.count())
+        backend.shutdown()
+        print("INITIALIZED", ray.is_initialized())
+        """
+    )
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).parent)}
+    proc = subprocess.run(
+        [sys.executable, "-c", script], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "COUNT [2, 2]" in proc.stdout, proc.stdout
+    assert "INITIALIZED False" in proc.stdout
+    assert group.count() == [3, 3], "the second driver's shutdown stopped the first's ranks"
