@@ -27,6 +27,11 @@ What comes back:
 * A tensor on another device is copied to CPU for the frame; on load it goes back to the
   recorded device when this process has it, otherwise it stays on CPU (and a TensorDict
   whose device is unavailable comes back with device ``cpu``). ``requires_grad`` is kept.
+* The device route (``device_frames=True``, for Dask's ``cuda`` serialization family)
+  keeps a CUDA tensor's frame on its device: the frame is the tensor's bytes as a flat
+  ``uint8`` CUDA tensor (which has ``__cuda_array_interface__``, so a comm that carries
+  device memory sends it as such). Loading accepts such frames, and any other object
+  with ``__cuda_array_interface__`` (what UCX receives into), without a host copy.
 * Sparse, quantized, nested, meta-device tensors and tensor subclasses are pickled in the
   object frame instead (correct, not zero-copy).
 """
@@ -36,7 +41,7 @@ from __future__ import annotations
 import logging
 import math
 import pickle
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 import numpy as np
@@ -50,6 +55,7 @@ __all__ = [
     "deserialize_dataproto",
     "deserialize_tensor",
     "deserialize_tensordict",
+    "is_device_frame",
     "reduce_dataproto",
     "serialize_dataproto",
     "serialize_tensor",
@@ -64,7 +70,7 @@ logger = logging.getLogger(__name__)
 #: Bumped when the header layout changes; deserializers refuse other versions.
 FORMAT_VERSION = 1
 
-Frame = memoryview | bytes | bytearray | pickle.PickleBuffer
+Frame = memoryview | bytes | bytearray | pickle.PickleBuffer  # or a device frame (a tensor)
 
 _PLAIN_TENSOR_TYPES = (torch.Tensor, torch.nn.Parameter)
 _BUFFER_ARRAY_KINDS = frozenset("biufcmMSU")
@@ -75,13 +81,18 @@ _OBJECT_SAMPLE = 32
 
 
 class _FrameWriter:
-    """Collects raw buffers (one per tensor/array) and objects that must be pickled."""
+    """Collects raw buffers (one per tensor/array) and objects that must be pickled.
 
-    def __init__(self) -> None:
-        self.buffers: list[memoryview] = []
+    ``on_device`` says which tensors keep their bytes on their device (the device route):
+    their frame is a flat ``uint8`` tensor there instead of host bytes.
+    """
+
+    def __init__(self, on_device: Callable[[torch.Tensor], bool] | None = None) -> None:
+        self.buffers: list[Any] = []  # memoryviews, and device frames (uint8 tensors)
         self.objects: list[Any] = []
+        self.on_device = on_device
 
-    def add_buffer(self, buffer: memoryview) -> int:
+    def add_buffer(self, buffer: Any) -> int:
         self.buffers.append(buffer)
         return len(self.buffers) - 1
 
@@ -197,15 +208,47 @@ def _tensor_buffer(tensor: torch.Tensor) -> memoryview:
     return memoryview(tensor.reshape(-1).view(torch.uint8).numpy())
 
 
+def _device_bytes(tensor: torch.Tensor) -> torch.Tensor:
+    """The tensor's bytes as a flat ``uint8`` tensor on its own device (the device route)."""
+    tensor = tensor.detach()
+    if tensor.is_conj():
+        tensor = tensor.resolve_conj()
+    if tensor.is_neg():
+        tensor = tensor.resolve_neg()
+    return tensor.contiguous().reshape(-1).view(torch.uint8)
+
+
 def _encode_tensor(tensor: torch.Tensor, writer: _FrameWriter) -> dict:
+    on_device = writer.on_device is not None and writer.on_device(tensor)
+    buffer = _device_bytes(tensor) if on_device else _tensor_buffer(tensor)
     return {
         "kind": "tensor",
         "dtype": _dtype_name(tensor.dtype),
         "shape": list(tensor.shape),
         "device": str(tensor.device),
         "requires_grad": bool(tensor.requires_grad),
-        "frame": writer.add_buffer(_tensor_buffer(tensor)),
+        "frame": writer.add_buffer(buffer),
     }
+
+
+def is_device_frame(frame: Any) -> bool:
+    """A frame that holds device memory: a tensor, or an object with
+    ``__cuda_array_interface__`` (what a comm that carries device memory receives into)."""
+    return isinstance(frame, torch.Tensor) or (
+        not isinstance(frame, (bytes, bytearray, memoryview, pickle.PickleBuffer))
+        and hasattr(frame, "__cuda_array_interface__")
+    )
+
+
+def _from_device_frame(frame: Any, dtype: torch.dtype, shape: tuple) -> torch.Tensor:
+    """A tensor of ``dtype`` and ``shape`` over a device frame's memory (no copy)."""
+    # GPU only past a tensor: __cuda_array_interface__ memory, wrapped where it lies
+    raw = frame if isinstance(frame, torch.Tensor) else torch.as_tensor(frame)
+    raw = raw.reshape(-1).view(torch.uint8)
+    nbytes = math.prod(shape) * dtype.itemsize
+    if raw.numel() != nbytes:
+        raise ValueError(f"frame holds {raw.numel()} bytes but the header describes {nbytes}")
+    return raw.view(dtype).reshape(shape)
 
 
 def _device_available(device: torch.device) -> bool:
@@ -239,10 +282,13 @@ def _decode_tensor(entry: dict, reader: _FrameReader) -> torch.Tensor:
     dtype = _torch_dtype(entry["dtype"])
     shape = tuple(entry["shape"])
     numel = math.prod(shape)
-    if numel == 0:
+    frame = None if numel == 0 else reader.frame(entry["frame"])
+    if frame is None:
         tensor = torch.empty(shape, dtype=dtype)
+    elif is_device_frame(frame):
+        tensor = _from_device_frame(frame, dtype, shape)
     else:
-        data = _writable_bytes(reader.frame(entry["frame"]), numel * dtype.itemsize, dtype.itemsize)
+        data = _writable_bytes(frame, numel * dtype.itemsize, dtype.itemsize)
         tensor = torch.frombuffer(data, dtype=dtype).reshape(shape)
     device = _resolve_device(entry["device"])
     if device is not None and device.type != "cpu":
@@ -383,11 +429,21 @@ def _rebuild_dataproto(
     return _decode_dataproto(header, _FrameReader(buffers, objects), cls)
 
 
-def serialize_dataproto(data: DataProto) -> tuple[dict, list[Frame]]:
-    """``(header, frames)``: one frame per tensor / numeric array, one pickle frame for the rest."""
+def _on_cuda(tensor: torch.Tensor) -> bool:
+    return tensor.device.type == "cuda"
+
+
+def serialize_dataproto(
+    data: DataProto, *, device_frames: bool | Callable[[torch.Tensor], bool] = False
+) -> tuple[dict, list[Frame]]:
+    """``(header, frames)``: one frame per tensor / numeric array, one pickle frame for the rest.
+
+    ``device_frames=True`` keeps each CUDA tensor's frame on its device (the device
+    route); a function instead of ``True`` picks the tensors itself (tests use it).
+    """
     if not isinstance(data, DataProto):
         raise TypeError(f"expected a DataProto, got {type(data).__name__}")
-    writer = _FrameWriter()
+    writer = _FrameWriter(_device_choice(device_frames))
     header = _encode_dataproto(data, writer)
     header["objects"], frames = writer.to_frames()
     return header, frames
@@ -399,11 +455,21 @@ def deserialize_dataproto(header: dict, frames: Sequence[Any]) -> DataProto:
     return _decode_dataproto(header, _FrameReader.from_header(header, frames), DataProto)
 
 
-def serialize_tensordict(td: tensordict.TensorDictBase) -> tuple[dict, list[Frame]]:
+def _device_choice(
+    device_frames: bool | Callable[[torch.Tensor], bool],
+) -> Callable[[torch.Tensor], bool] | None:
+    if callable(device_frames):
+        return device_frames
+    return _on_cuda if device_frames else None
+
+
+def serialize_tensordict(
+    td: tensordict.TensorDictBase, *, device_frames: bool | Callable[[torch.Tensor], bool] = False
+) -> tuple[dict, list[Frame]]:
     """``(header, frames)`` for a bare TensorDict (nested TensorDicts included)."""
     if not isinstance(td, tensordict.TensorDictBase):
         raise TypeError(f"expected a TensorDict, got {type(td).__name__}")
-    writer = _FrameWriter()
+    writer = _FrameWriter(_device_choice(device_frames))
     header = {
         "type": "TensorDict",
         "version": FORMAT_VERSION,
@@ -419,11 +485,13 @@ def deserialize_tensordict(header: dict, frames: Sequence[Any]) -> tensordict.Te
     return _decode_tensordict(header["body"], _FrameReader.from_header(header, frames))
 
 
-def serialize_tensor(tensor: torch.Tensor) -> tuple[dict, list[Frame]]:
+def serialize_tensor(
+    tensor: torch.Tensor, *, device_frames: bool | Callable[[torch.Tensor], bool] = False
+) -> tuple[dict, list[Frame]]:
     """``(header, frames)`` for one tensor: one frame, or a pickle frame for exotic layouts."""
     if not isinstance(tensor, torch.Tensor):
         raise TypeError(f"expected a torch.Tensor, got {type(tensor).__name__}")
-    writer = _FrameWriter()
+    writer = _FrameWriter(_device_choice(device_frames))
     if _is_plain_tensor(tensor):
         body = _encode_tensor(tensor, writer)
     else:

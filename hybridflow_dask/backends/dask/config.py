@@ -16,6 +16,7 @@ __all__ = [
     "call_path",
     "call_timeout",
     "connect_timeout",
+    "device_transfer",
     "freeze_gc",
     "fresh_processes",
     "max_local_workers",
@@ -99,3 +100,21 @@ def max_local_workers() -> int:
 def scatter_threshold() -> int:
     """Bytes above which driver arguments are scattered (``hybridflow.scatter-threshold``)."""
     return parse_bytes(dask.config.get("hybridflow.scatter-threshold"))
+
+
+#: The values of ``hybridflow.device-transfer``.
+DEVICE_TRANSFER_ROUTES = ("host", "device")
+
+
+def device_transfer(value: str | None = None) -> str:
+    """Where CUDA tensors' bytes go when a value is copied or moved: ``"host"`` or
+    ``"device"`` (``value``, else ``hybridflow.device-transfer``)."""
+    raw = dask.config.get("hybridflow.device-transfer") if value is None else value
+    route = str(raw).strip().lower()
+    if route not in DEVICE_TRANSFER_ROUTES:
+        raise ValueError(
+            f"hybridflow.device-transfer must be 'host' or 'device', got {raw!r}; set it with "
+            "DaskBackend(device_transfer='device') or "
+            "dask.config.set({'hybridflow.device-transfer': 'device'})"
+        )
+    return route

@@ -42,10 +42,20 @@ from ..config import (
     share_colocated_inputs,
     socket_lane,
 )
+from ..config import device_transfer as config_device_transfer
 from ..internals import fail_future, future_state, pending_future, wait_all
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
-from ..wire import serialization  # noqa: F401  (registers the tensor and DataProto serializers)
+from ..wire import (
+    device_route,
+    serialization,  # noqa: F401  (registers the tensor and DataProto serializers)
+)
+from ..wire.device_route import (
+    DEVICE_ROUTE_PLUGIN,
+    DeviceRoutePlugin,
+    TransferRoute,
+    choose_transfer_route,
+)
 from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
 from ..worker.host import InstanceHost
 from ..worker.tasks import WorkerRunner, count_instances, probe_worker
@@ -87,6 +97,10 @@ class DaskBackend:
     self-signed one, which needs ``cryptography``) is TLS for the comms: a cluster the
     backend starts then speaks only ``tls://``, and an ``address=`` is reached with those
     credentials. A given ``client=`` or ``cluster=`` already carries its own.
+
+    ``device_transfer`` (``"host"`` or ``"device"``; default ``hybridflow.device-transfer``,
+    ``"host"``) is where CUDA tensors' bytes go when a value is copied or moved: see
+    ``wire.device_route``; ``transfer_route`` says what this cluster gives.
     """
 
     #: What ranks see as ``WG_BACKEND`` (the ``Backend`` protocol's ``name``).
@@ -99,8 +113,10 @@ class DaskBackend:
         client: Client | None = None,
         *,
         security: Any = None,
+        device_transfer: str | None = None,
         **cluster_kwargs: Any,
     ) -> None:
+        requested_route = config_device_transfer(device_transfer)
         if sum(x is not None for x in (address, cluster, client)) > 1:
             raise ValueError("pass at most one of address=, cluster=, client=")
         if cluster_kwargs and (address or cluster or client):
@@ -175,6 +191,12 @@ class DaskBackend:
             atexit.register(_shutdown_at_exit, weakref.ref(self))
         freeze_gc()  # the imported modules' objects: no full collection scans them again
         apply_buffer_cache()
+        try:
+            #: What this backend does with CUDA tensors' bytes (``wire.device_route``).
+            self.transfer_route = self._transfer_route(requested_route)
+        except ValueError:
+            self.shutdown()
+            raise
 
     # -- public conveniences ------------------------------------------------------------
 
@@ -696,6 +718,23 @@ class DaskBackend:
                 )
             )
         return free
+
+    def _transfer_route(self, requested: str) -> TransferRoute:
+        """Check the device route against this cluster, and turn it on where it applies."""
+        if requested == "host":
+            return choose_transfer_route("host", protocol="", gpus=None)
+        if self._owned_cluster is not None and self.choice is not None:
+            gpus: int | None = self.choice.gpus
+        else:
+            self._free_workers()  # probes every worker the cluster has now
+            devices = [p.get("device", "cpu") for p in self._probe.values()]
+            gpus = sum(d != "cpu" for d in devices) if devices else None
+        protocol = self._scheduler_address.split("://", 1)[0]
+        route = choose_transfer_route(requested, protocol=protocol, gpus=gpus)
+        device_route.enable()
+        self.client.register_plugin(DeviceRoutePlugin(), name=DEVICE_ROUTE_PLUGIN)
+        logger.info("DaskBackend: %s", route.reason)
+        return route
 
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"

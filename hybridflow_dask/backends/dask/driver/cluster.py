@@ -18,9 +18,11 @@ import dask
 from distributed import LocalCluster
 
 from ..internals import owned_cluster_class
+from ..wire.device_route import DEVICE_COMMS, ucx_available
 
 __all__ = [
     "ClusterChoice",
+    "check_protocol",
     "choose_local_cluster",
     "detect_gpus",
     "quiet_restarts",
@@ -115,6 +117,7 @@ def start_local_cluster(
     With ``security`` (a ``distributed.security.Security``) every comm is ``tls://``, so
     nothing reaches the scheduler or a worker without a certificate the CA signed.
     """
+    check_protocol(kwargs.get("protocol"))
     choice = probe_local_cluster()
     logger.info("DaskBackend starts a %s: %s", choice.kind, choice.reason)
     options: dict[str, Any] = {
@@ -137,6 +140,18 @@ def start_local_cluster(
             if n_workers:
                 cluster.scale(n_workers)
     return cluster, choice
+
+
+def check_protocol(protocol: Any) -> None:
+    """``ValueError`` for a ``ucx`` comm where Dask cannot speak it (no distributed-ucxx):
+    said before anything starts, instead of Dask's own error from inside the cluster."""
+    name = str(protocol or "").split("://", 1)[0].lower()
+    if name in DEVICE_COMMS and not ucx_available():
+        raise ValueError(
+            f"protocol={protocol!r} needs the distributed-ucxx package (Dask's own UCX comm "
+            "was removed): pip install distributed-ucxx-cu13 (CUDA 13; -cu12 for CUDA 12), "
+            "or leave protocol unset for tcp://"
+        )
 
 
 class _RestartNotice(logging.Filter):

@@ -64,12 +64,19 @@ def plain_call(args: Any, kwargs: Any) -> bool:
     )
 
 
-def pack(value: Any, what: str, *, back: bool = False) -> Serialized:
+def pack(
+    value: Any,
+    what: str,
+    *,
+    back: bool = False,
+    serializers: tuple[str, ...] = ("dask", "pickle"),
+) -> Serialized:
     """``value`` through Dask's serializers, in the thread that has it: a value that cannot
     travel fails there, at once, naming ``what`` (an argument, or with ``back`` a result),
-    and the event loop or socket only writes ready frames (tensors stay zero-copy views)."""
+    and the event loop or socket only writes ready frames (tensors stay zero-copy views).
+    Only copies made within a process (``snapshot``) ask for other ``serializers``."""
     try:
-        return Serialized(*serialize(value, serializers=("dask", "pickle"), on_error="raise"))
+        return Serialized(*serialize(value, serializers=serializers, on_error="raise"))
     except Exception as exc:
         where, verb = ("back to the driver", "return") if back else ("to a Dask worker", "pass")
         raise TypeError(

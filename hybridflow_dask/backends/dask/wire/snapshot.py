@@ -15,6 +15,10 @@ and nowhere else:
   in the instance's thread as the method returns (``snapshot``), before its next call
   can change them; a reply the instance's thread writes itself (the socket lane, which
   waits until the reader has the bytes) is not.
+
+With the device route on (``device_route``), a snapshot's CUDA tensors are copied on
+their device (their frames are device tensors, cloned); otherwise they go to host memory
+and back, as they would to another process.
 """
 
 from __future__ import annotations
@@ -22,9 +26,11 @@ from __future__ import annotations
 from typing import Any
 
 import numpy
+import torch
 from distributed.protocol.serialize import Serialized, deserialize
 
 from ....protocol.large_memory import LARGE_BYTES, take
+from . import device_route
 from .messages import is_plain, pack
 
 __all__ = ["Captured", "own_frames", "snapshot"]
@@ -39,6 +45,8 @@ def own_frames(packed: Serialized) -> Serialized:
 def _own(frame: Any) -> Any:
     if isinstance(frame, bytes):  # immutable already (pickled bytes, headers)
         return frame
+    if isinstance(frame, torch.Tensor):  # a device frame (the device route): copied there
+        return frame.clone()
     view = memoryview(frame).cast("B")
     if view.nbytes < LARGE_BYTES:
         return bytes(view)
@@ -57,7 +65,7 @@ def snapshot(value: Any, what: str) -> Any:
     """
     if is_plain(value):
         return value
-    packed = pack(value, what, back=True)
+    packed = pack(value, what, back=True, serializers=device_route.serializers())
     return deserialize(packed.header, [_own(f) for f in packed.frames])
 
 

@@ -25,7 +25,9 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import gc
 import inspect
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -36,7 +38,7 @@ from ...hosting import EnvSwitch, annotate_error
 from ..internals import enter_worker
 from . import rank_output
 
-__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate"]
+__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate", "release_device_memory"]
 
 #: How many coroutine calls of one instance may run at once (Ray's default for async actors).
 MAX_CONCURRENCY = 1000
@@ -44,6 +46,18 @@ MAX_CONCURRENCY = 1000
 _CLOSE: Any = object()  # the job that ends an actor's thread
 
 _SKIP = object()  # a sequence number that will never be called
+
+
+def release_device_memory() -> None:
+    """GPU only, once an instance is gone: give the CUDA memory torch's caching allocator
+    keeps idle back to the device, so a shut-down group's memory is free for other
+    processes (the process's CUDA context stays until the worker restarts). Nothing in a
+    process that never started CUDA."""
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_initialized():
+        return
+    gc.collect()  # the instance's own reference cycles (modules, optimizers) hold tensors
+    torch.cuda.empty_cache()
 
 
 class EnvGate:
@@ -215,6 +229,7 @@ class Actor:
             self._drop_waiting()
         self._stop_loop()
         self.obj = None
+        release_device_memory()
         future.set_result(None)
 
     # -- the instance's event loop ----------------------------------------------------------
