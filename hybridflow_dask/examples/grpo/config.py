@@ -37,11 +37,16 @@ class GRPOConfig:
     adv_eps: float = 1e-6
     # torch.distributed
     dist_timeout_s: float = 60.0
+    # where the policy lives on each rank: "cpu" (gloo), or "cuda" (the rank's own GPU,
+    # cuda:LOCAL_RANK, NCCL; one rank per GPU). Batches travel between roles on the CPU.
+    device: str = "cpu"
 
     def validate(self, world_size: int) -> None:
         """Reject settings that would split a GRPO group across ranks or leave a rank idle."""
         if world_size < 1:
             raise ValueError(f"world_size must be at least 1, got {world_size}")
+        if self.device not in ("cpu", "cuda"):
+            raise ValueError(f"device must be 'cpu' or 'cuda', got {self.device!r}")
         if self.prompts_per_step % world_size:
             raise ValueError(
                 f"prompts_per_step={self.prompts_per_step} must be divisible by the "

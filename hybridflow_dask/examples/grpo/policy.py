@@ -82,6 +82,7 @@ def sample_responses(
     for _ in range(length):
         logits = model(tokens)[:, -1] / temperature
         probs = torch.softmax(logits, dim=-1)
-        nxt = torch.multinomial(probs, 1, generator=generator)
-        tokens = torch.cat([tokens, nxt], dim=1)
+        # drawn where the generator lives (the CPU), so a GPU run samples as a CPU run does
+        nxt = torch.multinomial(probs.to(generator.device), 1, generator=generator)
+        tokens = torch.cat([tokens, nxt.to(tokens.device)], dim=1)
     return tokens[:, context.shape[1] :]

@@ -3,7 +3,8 @@
 ``ActorRolloutRefWorker`` fuses what verl's ``actor_rollout_ref`` role does: sample
 responses (rollout), recompute log-probs under the current policy (old) and under the
 frozen initial policy (reference), and run the PPO-clip update. Its gradients are averaged
-across ranks by ``DistributedDataParallel`` over gloo, so every rank keeps identical
+across ranks by ``DistributedDataParallel`` over gloo (NCCL when ``config.device`` is
+``"cuda"``: the policy then lives on the rank's GPU), so every rank keeps identical
 weights. ``RewardWorker`` scores responses and turns scores into group-relative (GRPO)
 advantages. Both roles are fused into one object per rank with
 ``create_colocated_worker_cls``, so a batch shard never leaves its process between them.
@@ -52,6 +53,16 @@ def make_task(config: GRPOConfig) -> ReverseTask:
     return ReverseTask(num_symbols=config.num_symbols, prompt_len=config.prompt_len)
 
 
+def rank_device(config: GRPOConfig) -> torch.device:
+    """The CPU, or the rank's own GPU: ``cuda:LOCAL_RANK`` (the rank env lists its node's
+    GPUs in local-rank order in ``CUDA_VISIBLE_DEVICES``)."""
+    if config.device == "cpu":
+        return torch.device("cpu")
+    device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+    torch.cuda.set_device(device)
+    return device
+
+
 class ActorRolloutRefWorker(hf.Worker):
     """Policy, reference policy and optimizer of one data-parallel rank.
 
@@ -64,6 +75,7 @@ class ActorRolloutRefWorker(hf.Worker):
         torch.set_num_threads(1)  # one core per rank; more threads only contend
         self.config = config
         self.task = make_task(config)
+        self.device = rank_device(config)
         torch.manual_seed(config.seed)  # every rank, first built or rebuilt, starts equal
         model = TinyCausalLM(
             self.task.vocab_size,
@@ -71,7 +83,7 @@ class ActorRolloutRefWorker(hf.Worker):
             d_model=config.d_model,
             num_heads=config.num_heads,
             num_layers=config.num_layers,
-        )
+        ).to(self.device)
         self.ref = copy.deepcopy(model).eval().requires_grad_(False)
         self.policy = model
         self.ddp: DistributedDataParallel | None = None  # set by join_process_group
@@ -82,7 +94,7 @@ class ActorRolloutRefWorker(hf.Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def join_process_group(self, generation: int = 0) -> int:
-        """(Re)join the gloo process group of all ranks; returns this rank.
+        """(Re)join the process group of all ranks (gloo; NCCL on GPUs); returns this rank.
 
         Every rank must be called together (one ``ONE_TO_ALL`` call). Each ``generation``
         rendezvouses under its own key prefix of the store, so keys left by an earlier
@@ -104,14 +116,17 @@ class ActorRolloutRefWorker(hf.Worker):
                 timeout=timeout,
                 wait_for_workers=False,
             )
+        on_gpu = self.device.type == "cuda"
         dist.init_process_group(
-            "gloo",
+            "nccl" if on_gpu else "gloo",
             store=dist.PrefixStore(f"grpo/generation{generation}/", self._store),
             rank=self.rank,
             world_size=self.world_size,
             timeout=timeout,
         )
-        self.ddp = DistributedDataParallel(self.policy)  # broadcasts rank 0's weights
+        # broadcasts rank 0's weights
+        ids = [self.device.index] if on_gpu else None
+        self.ddp = DistributedDataParallel(self.policy, device_ids=ids)
         return self.rank
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -154,7 +169,7 @@ class ActorRolloutRefWorker(hf.Worker):
         Sampling is re-seeded from the saved step, so every rank, survivor or rebuilt,
         continues from a known state.
         """
-        state = torch.load(path, weights_only=True)
+        state = torch.load(path, weights_only=True, map_location=self.device)
         self.policy.load_state_dict(state["policy"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.updates = state["updates"]
@@ -165,7 +180,7 @@ class ActorRolloutRefWorker(hf.Worker):
     def _context(self, data: DataProto) -> torch.Tensor:
         prompts = data.batch["prompts"]
         sep = torch.full((prompts.shape[0], 1), self.task.sep_token, dtype=prompts.dtype)
-        return torch.cat([prompts, sep], dim=1)
+        return torch.cat([prompts, sep], dim=1).to(self.device)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def generate_sequences(self, prompts: DataProto) -> DataProto:
@@ -174,7 +189,7 @@ class ActorRolloutRefWorker(hf.Worker):
         responses = sample_responses(
             self.policy, self._context(prompts), self.task.response_len, self.generator
         )
-        return _with_columns(prompts, responses=responses)
+        return _with_columns(prompts, responses=responses.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def compute_log_prob(self, data: DataProto) -> DataProto:
@@ -182,18 +197,18 @@ class ActorRolloutRefWorker(hf.Worker):
         self.policy.eval()
         with torch.no_grad():
             log_probs, _ = response_log_probs(
-                self.policy, self._context(data), data.batch["responses"]
+                self.policy, self._context(data), data.batch["responses"].to(self.device)
             )
-        return _with_columns(data, old_log_probs=log_probs)
+        return _with_columns(data, old_log_probs=log_probs.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def compute_ref_log_prob(self, data: DataProto) -> DataProto:
         """Log-probs under the frozen initial policy, for the KL penalty."""
         with torch.no_grad():
             log_probs, _ = response_log_probs(
-                self.ref, self._context(data), data.batch["responses"]
+                self.ref, self._context(data), data.batch["responses"].to(self.device)
             )
-        return _with_columns(data, ref_log_prob=log_probs)
+        return _with_columns(data, ref_log_prob=log_probs.cpu())
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE_METRIC)
     def update_actor(self, data: DataProto) -> dict[str, float]:
@@ -208,15 +223,16 @@ class ActorRolloutRefWorker(hf.Worker):
             raise RuntimeError("update_actor before join_process_group: the ranks have no group")
         self.policy.train()
         context = self._context(data)
-        responses = data.batch["responses"]
-        old = data.batch["old_log_probs"]
-        ref = data.batch["ref_log_prob"]
-        advantages = data.batch["advantages"].unsqueeze(1)
+        batch = data.batch
+        responses = batch["responses"].to(self.device)
+        old = batch["old_log_probs"].to(self.device)
+        ref = batch["ref_log_prob"].to(self.device)
+        advantages = batch["advantages"].unsqueeze(1).to(self.device)
         sums = {"loss": 0.0, "pg_loss": 0.0, "kl": 0.0, "clip_frac": 0.0, "entropy": 0.0}
         sums["grad_norm"] = 0.0
         passes = 0
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(data), generator=self.generator)
+            order = torch.randperm(len(data), generator=self.generator).to(self.device)
             for rows in order.chunk(cfg.ppo_mini_batches):
                 log_probs, entropy = response_log_probs(ddp, context[rows], responses[rows])
                 ratio = torch.exp(log_probs - old[rows])
@@ -247,7 +263,7 @@ class ActorRolloutRefWorker(hf.Worker):
         """SHA-256 of the policy weights: equal on every rank iff the update stayed in sync."""
         digest = hashlib.sha256()
         for param in self.policy.parameters():
-            digest.update(param.detach().contiguous().numpy().tobytes())
+            digest.update(param.detach().contiguous().cpu().numpy().tobytes())
         return digest.hexdigest()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
