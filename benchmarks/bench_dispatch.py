@@ -17,6 +17,15 @@ task path, all of them on the direct path) and the bytes each rank's method was 
 (``dask.sizeof``, measured on the worker).
 
     python benchmarks/bench_dispatch.py [--quick] [--plot] [--worlds 1 2 4] [--sizes 0 1 64 256]
+
+``--compare`` instead runs the backends side by side on ``compare_verl.py``'s cases (world
+size 2: no-op calls, a DP_COMPUTE_PROTO 64 MiB round trip, a non-blocking 64 MiB chain
+between two groups, back-to-back non-blocking calls, backend + group ready): the same
+driver code on ``DaskBackend`` and ``RayBackend``, and verl's own ``RayWorkerGroup`` where
+verl is installed (``--no-verl`` leaves it out). One side runs at a time; it prints a
+table and writes ``results/backends.json``:
+
+    python benchmarks/bench_dispatch.py --compare [--quick] [--no-verl]
 """
 
 from __future__ import annotations
@@ -356,6 +365,90 @@ def plot(rows: list[dict], path: Path) -> bool:
     return True
 
 
+# ---- --compare: the backends side by side -----------------------------------------------
+
+#: ``--compare``'s sides: (key in the JSON, column title).
+SIDES = (("dask", "DaskBackend"), ("ray", "RayBackend"), ("verl", "verl RayWorkerGroup"))
+
+
+def compare_backends(args: argparse.Namespace) -> None:
+    """``compare_verl.py``'s cases on each side (its code, not a copy), one after another."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import importlib.util
+
+    import compare_verl as cv
+
+    plan = cv.Plan.quick() if args.quick else cv.Plan(sizes_mib=[64])
+    skipped: dict[str, str] = {}
+    sides: list[tuple[str, Any]] = [("dask", cv.Ours(kind="dask"))]
+    if importlib.util.find_spec("ray") is None:
+        skipped["ray"] = "ray is not installed (pip install -e '.[ray]')"
+    else:
+        sides.append(("ray", cv.Ours(kind="ray")))
+    why_not = "--no-verl given" if args.no_verl else cv.verl_available()
+    if why_not:
+        skipped["verl"] = why_not
+    else:
+        sides.append(("verl", cv.Verl()))
+    for key, why in skipped.items():
+        print(f"{key} side skipped: {why}", flush=True)
+    load_start = os.getloadavg()[0]
+    started = time.perf_counter()
+    results = {
+        key: cv.run_side(side, plan, lambda line: print(line, flush=True)) for key, side in sides
+    }
+    rows = compare_table(results, cv.compared_value)
+    print_compare(rows)
+    stem = "backends_quick" if args.quick else "backends"
+    args.out.mkdir(parents=True, exist_ok=True)
+    out = args.out / f"{stem}.json"
+    meta = {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "quick": args.quick,
+        "world_size": 2,
+        "skipped": skipped,
+        "versions": cv.versions(),
+        "python": sys.version.split()[0],
+        "cpus": os.cpu_count(),
+        "plan": plan.__dict__,
+        "wall_s": time.perf_counter() - started,
+        "load_avg_1m_start_end": [load_start, os.getloadavg()[0]],
+    }
+    out.write_text(json.dumps({"meta": meta, "table": rows, "sides": results}, indent=2))
+    print(f"wrote {out}")
+
+
+def compare_table(results: dict[str, dict], value_of: Callable[..., Any]) -> list[dict]:
+    """One row per case: the compared value (and its unit) on every side that ran it."""
+    rows = []
+    for case, first in next(iter(results.values())).items():
+        unit, _, higher = value_of(case, first)
+        row: dict[str, Any] = {"case": case, "unit": unit, "higher_is_better": higher}
+        for key, _ in SIDES:
+            found = results.get(key, {}).get(case)
+            row[key] = value_of(case, found)[1] if found is not None else None
+        rows.append(row)
+    return rows
+
+
+def print_compare(rows: list[dict]) -> None:
+    header = f"{'case':42}" + "".join(f" {title:>20}" for _, title in SIDES)
+    print("\nmedians, world size 2 (one side at a time, on this machine)")
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        cells = "".join(f" {fmt_value(row['unit'], row[key]):>20}" for key, _ in SIDES)
+        print(f"{row['case']:42}{cells}")
+
+
+def fmt_value(unit: str, value: float | None) -> str:
+    if value is None:
+        return "-"
+    if unit == "s":
+        return fmt_s(value)
+    return f"{value:.2f} {unit}" if unit == "GB/s" else f"{value:.0f} {unit}"
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -369,6 +462,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, default=30, help="repeats of 0 MiB calls")
     parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
     parser.add_argument("--replot", type=Path, help="only draw the PNG of a results JSON")
+    parser.add_argument(
+        "--compare", action="store_true", help="DaskBackend vs RayBackend vs verl (see above)"
+    )
+    parser.add_argument("--no-verl", action="store_true", help="--compare without verl's side")
     args = parser.parse_args(argv)
     if args.quick:
         args.worlds, args.sizes, args.repeats = [2], [0, 1], 5
@@ -379,6 +476,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> None:
     args = parse_args(argv)
+    if args.compare:
+        compare_backends(args)
+        return
     if args.replot:
         png = args.replot.with_suffix(".png")
         if plot(json.loads(args.replot.read_text())["rows"], png):

@@ -106,17 +106,30 @@ class Bench(hf.Worker):
 class Ours:
     """hybridflow_dask on an owned 4-worker DaskBackend with the default call path; with
     ``tls`` every comm of that cluster is ``tls://`` (a temporary certificate), and so
-    is every socket lane."""
+    is every socket lane. ``kind="ray"``: on an owned ``RayBackend`` instead (a local
+    Ray instance; ``bench_dispatch.py --compare`` runs both)."""
 
-    name = "hybridflow_dask"
-
-    def __init__(self, tls: bool = False) -> None:
-        self.backend: DaskBackend | None = None
+    def __init__(self, tls: bool = False, kind: str = "dask") -> None:
+        if kind not in ("dask", "ray") or (tls and kind != "dask"):
+            raise ValueError(f"kind must be 'dask' or 'ray' (TLS only on dask), got {kind!r}")
+        self.backend: Any = None
         self.call_path = "?"
         self.tls = tls
+        self.kind = kind
+        self.name = "hybridflow_dask" if kind == "dask" else "hybridflow_dask on Ray"
+
+    def _new_backend(self, **dask_kwargs: Any) -> Any:
+        if self.kind == "ray":
+            from hybridflow_dask.backends.ray import RayBackend
+
+            return RayBackend(log_to_driver=False)
+        return DaskBackend(security=self.tls or None, **dask_kwargs)
 
     def start(self) -> None:
-        self.backend = DaskBackend(n_workers=4, security=self.tls or None)
+        self.backend = self._new_backend(n_workers=4)
+        if self.kind == "ray":
+            self.call_path = "Ray actor calls"
+            return
         self.call_path = self.backend.call_path + (" over TLS" if self.tls else "")
 
     def stop(self) -> None:
@@ -140,9 +153,10 @@ class Ours:
         self.backend.gather([f for fl in futures for f in fl])
 
     def ready(self) -> float:
-        """From nothing to a group of 2 answering its first call: a fresh DaskBackend()."""
+        """From nothing to a group of 2 answering its first call: a fresh backend (for
+        Ray, a fresh Ray instance too)."""
         start = time.perf_counter()
-        backend = DaskBackend(security=self.tls or None)
+        backend = self._new_backend()
         try:
             group = hf.WorkerGroup(hf.ResourcePool([2]), Bench, backend=backend)
             group.noop()

@@ -20,6 +20,7 @@ from .local import LocalBackend, LocalFuture
 
 if TYPE_CHECKING:
     from .dask import DaskBackend
+    from .ray import RayBackend as RayBackend
 
 __all__ = [
     "Backend",
@@ -45,4 +46,9 @@ def __getattr__(name: str) -> Any:
         from .dask.driver.backend import DaskBackend
 
         return DaskBackend
+    # ``RayBackend`` needs the optional ``ray`` package (the ``ray`` extra).
+    if name == "RayBackend":
+        from .ray import RayBackend as RayBackend
+
+        return RayBackend
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -21,8 +22,11 @@ import torch  # noqa: E402
 from ray_workers import Echo  # noqa: E402
 
 import hybridflow_dask as hf  # noqa: E402
+from hybridflow_dask import runtime  # noqa: E402
 from hybridflow_dask.backends.ray import RayBackend, RayFuture  # noqa: E402
 from hybridflow_dask.backends.ray import futures as ray_futures  # noqa: E402
+
+README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 @pytest.fixture
@@ -45,22 +49,44 @@ def groups(backend: RayBackend) -> Iterator[Any]:
         group.shutdown()
 
 
-def test_readme_chain_runs_group_to_group_without_the_driver_fetching(groups, monkeypatch):
-    a, b = groups([2], 10), groups([1], -1)
+def test_the_readme_example_runs_on_ray_and_a_to_b_never_passes_the_driver(
+    ray_backend, monkeypatch, capsys
+):
+    text = README.read_text()
+    code = re.search(r"```python\n(.*?)```", text[text.index("## Twenty lines") :], re.S)
+    assert code is not None
+    main = 'if __name__ == "__main__":  # Dask starts worker processes that import this module\n'
+    assert main in code.group(1)
+    # The one change: a RayBackend as the default backend. The session's, so its hosts
+    # serve the later tests; its closing hf.shutdown() only forgets it here, and the
+    # example's groups are shut down below.
+    program = code.group(1).replace(main, main + "    hf.init(backend)\n")
+    monkeypatch.setattr(hf, "shutdown", lambda: monkeypatch.setattr(runtime, "_default", None))
+    calls: list[tuple[str, Any]] = []
     fetched: list[Any] = []
-    real_get = ray.get
+    real_call, real_get = RayBackend.call, ray.get
 
-    def spy(refs: Any, *args: Any, **kwargs: Any) -> Any:
+    def record_call(self: RayBackend, ref: Any, *args: Any, **kwargs: Any) -> Any:
+        future = real_call(self, ref, *args, **kwargs)
+        calls.append((ref.group, future.ref))
+        return future
+
+    def record_get(refs: Any, *args: Any, **kwargs: Any) -> Any:
         fetched.extend(refs if isinstance(refs, list) else [refs])
         return real_get(refs, *args, **kwargs)
 
-    monkeypatch.setattr(ray_futures.ray, "get", spy)
-    batch = hf.DataProto.from_dict({"x": torch.arange(7.0)}, auto_padding=True)
-    first = a.scale(batch)
-    result = hf.get(b.scale(first))
-    assert result.batch["x"].tolist() == [-10.0 * i for i in range(7)]
-    produced = {part.ref for part in first.parts}
-    assert not produced & set(fetched), "the driver fetched group a's results itself"
+    monkeypatch.setattr(RayBackend, "call", record_call)
+    monkeypatch.setattr(ray_futures.ray, "get", record_get)
+    names = {"__name__": "__main__", "backend": ray_backend}
+    try:
+        exec(compile(program, "README.md", "exec"), names)
+    finally:
+        for group in ("b", "a"):
+            if group in names:
+                names[group].shutdown()
+    assert "tensor([ -0., -10., -20., -30., -40., -50., -60.])" in capsys.readouterr().out
+    made_by_a = {ref for group, ref in calls if group == names["a"].name_prefix}
+    assert made_by_a and not made_by_a & set(fetched), "the driver fetched a's results"
 
 
 def test_a_long_call_does_not_hold_up_routing_on_its_slot(groups, backend):

@@ -26,7 +26,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ...protocol import DataProtoFuture
 from ..base import InstanceRef, Slot, WorkerLostError
 from .futures import HostRunner, RayFuture, mark_inputs, resolve_all, translate
-from .host import Registry, SlotHost
+from .host import SlotHost
 
 __all__ = ["NAMESPACE", "SLOT_RESOURCE", "RayBackend"]
 
@@ -46,7 +46,38 @@ START_WAIT_S = 120.0
 ASK_WAIT_S = 60.0
 
 _HostActor: Any = ray.remote(SlotHost)
-_RegistryActor: Any = ray.remote(Registry)
+
+
+def _registry_class() -> Any:
+    """The registry: each group's ``InstanceRef``s by rank, so ``lookup`` works from any
+    driver on the cluster. Defined in a function so Ray ships the class by value and its
+    process imports nothing but Ray (it starts in a second, not after torch); it keeps
+    the refs pickled, with the uid that tells a rank's incarnations apart."""
+
+    class Registry:
+        def __init__(self) -> None:
+            self.groups: dict[str, dict[int, tuple[str, bytes]]] = {}
+
+        def put(self, group: str, rank: int, uid: str, blob: bytes) -> None:
+            """Add an instance; it replaces an earlier one of that rank (a recovered one)."""
+            self.groups.setdefault(group, {})[rank] = (uid, blob)
+
+        def get(self, group: str) -> list[bytes]:
+            return [blob for _, blob in self.groups.get(group, {}).values()]
+
+        def drop(self, group: str, uids: list[str]) -> None:
+            """Forget these instances (and the group once it has none)."""
+            members = self.groups.get(group, {})
+            for rank, (uid, _) in list(members.items()):
+                if uid in uids:
+                    del members[rank]
+            if not members:
+                self.groups.pop(group, None)
+
+    return ray.remote(Registry)
+
+
+_RegistryActor: Any = _registry_class()
 
 
 @dataclass(eq=False)
@@ -331,7 +362,8 @@ class RayBackend:
             seq = self._seq.get(ref.key, 0) + 1
             self._seq[ref.key] = seq
             try:
-                object_ref = handle.call.remote(ref.key, self.driver_id, seq, method, args, kwargs)
+                message = (ref.key, self.driver_id, seq, method, args, kwargs)
+                object_ref = handle.call.remote(message)
             except BaseException:  # not sent (e.g. an argument Ray cannot pickle)
                 handle.skip.remote(ref.key, self.driver_id, seq)
                 raise

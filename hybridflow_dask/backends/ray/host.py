@@ -23,9 +23,6 @@ Three things are done here rather than left to Ray, each for a reason:
 - **results** are copied in the instance's thread as the method returns: Ray serializes
   an async actor's return value after the coroutine has finished, by when the instance's
   next call may be changing it.
-
-The ``Registry`` is a small detached actor holding each group's ``InstanceRef``s
-(pickled), so ``lookup`` works from any driver attached to the cluster.
 """
 
 from __future__ import annotations
@@ -46,7 +43,7 @@ from ..dask.worker.actor import Actor, EnvGate
 from ..hosting import annotate_error, explain_init_error, find_free_port, sendable
 from .futures import Input, has_inputs, is_lost, translate, writable
 
-__all__ = ["Registry", "SlotHost"]
+__all__ = ["SlotHost"]
 
 #: Threads that run routing functions (``Backend.submit``) in one host.
 FN_THREADS = 4
@@ -129,10 +126,13 @@ class SlotHost:
             self._forget(ref.key)
             raise sendable(exc) from None
 
-    async def call(
-        self, key: str, driver: str, seq: int, method: str, args: tuple, kwargs: dict
-    ) -> Any:
-        """Run one method at its turn; its result, captured as the method returned."""
+    async def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
+        """Run one method at its turn; its result, captured as the method returned.
+
+        ``message`` is ``(key, driver, seq, method, args, kwargs)``: one argument, as Ray
+        handles each argument of a call on its own (a quarter of a no-op call's cost).
+        """
+        key, driver, seq, method, args, kwargs = message
         actor = await self._actor(key)
         try:
             args, kwargs = await _resolve(args), await _resolve(kwargs)
@@ -270,27 +270,3 @@ async def _fetch(item: Input) -> Any:
         if is_lost(exc):
             raise error from exc
         raise error from None
-
-
-class Registry:
-    """Each group's ``InstanceRef``s by rank, pickled (so this process never needs the
-    package's heavy imports), with the uid that tells incarnations of a rank apart."""
-
-    def __init__(self) -> None:
-        self.groups: dict[str, dict[int, tuple[str, bytes]]] = {}
-
-    def put(self, group: str, rank: int, uid: str, blob: bytes) -> None:
-        """Add an instance; it replaces an earlier one of that rank (a recovered rank)."""
-        self.groups.setdefault(group, {})[rank] = (uid, blob)
-
-    def get(self, group: str) -> list[bytes]:
-        return [blob for _, blob in self.groups.get(group, {}).values()]
-
-    def drop(self, group: str, uids: list[str]) -> None:
-        """Forget these instances (and the group once it has none)."""
-        members = self.groups.get(group, {})
-        for rank, (uid, _) in list(members.items()):
-            if uid in uids:
-                del members[rank]
-        if not members:
-            self.groups.pop(group, None)
