@@ -39,8 +39,12 @@ def nvml_uuid(index: str) -> str:
         uuid = pynvml.nvmlDeviceGetUUID(handle)
     finally:
         pynvml.nvmlShutdown()
-    uuid = uuid.decode() if isinstance(uuid, bytes) else str(uuid)
-    return uuid.removeprefix("GPU-")
+    return plain_uuid(uuid.decode() if isinstance(uuid, bytes) else uuid)
+
+
+def plain_uuid(uuid: Any) -> str:
+    """A GPU UUID as lowercase hex groups, whoever wrote it (torch, NVML's ``GPU-...``)."""
+    return str(uuid).strip().lower().removeprefix("gpu-")
 
 
 def nvml_used_bytes(index: int = 0) -> int:
@@ -90,8 +94,8 @@ class DeviceIdentity(hf.Worker):
             "cuda_started_before_init": self.cuda_was_started,
             "device_count": torch.cuda.device_count(),
             "current_device": torch.cuda.current_device(),
-            "uuid": str(torch.cuda.get_device_properties(local).uuid),
-            "uuid_of_cuda0": str(torch.cuda.get_device_properties(0).uuid),
+            "uuid": plain_uuid(torch.cuda.get_device_properties(local).uuid),
+            "uuid_of_cuda0": plain_uuid(torch.cuda.get_device_properties(0).uuid),
             "pid": os.getpid(),
         }
 
@@ -182,7 +186,7 @@ class ContextReport(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def context(self) -> tuple[int, int, str]:
         torch.zeros(1, device="cuda")  # CUDA in use on this instance's thread
-        return os.getpid(), current_context(), str(torch.cuda.get_device_properties(0).uuid)
+        return os.getpid(), current_context(), plain_uuid(torch.cuda.get_device_properties(0).uuid)
 
 
 class MemoryHog(hf.Worker):
@@ -199,5 +203,6 @@ class MemoryHog(hf.Worker):
 
 class Where(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)
-    def where(self) -> tuple[str | None, bool]:
-        return os.environ.get("CUDA_VISIBLE_DEVICES"), torch.cuda.is_available()
+    def where(self) -> tuple[str, int, bool]:
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES", "")
+        return visible, int(os.environ["LOCAL_RANK"]), torch.cuda.is_available()

@@ -38,7 +38,7 @@ def _batch() -> hf.DataProto:
 
 def _equal(a: hf.DataProto, b: hf.DataProto) -> bool:
     return (
-        all(torch.equal(a.batch[k], b.batch[k]) for k in a.batch)
+        all(torch.equal(a.batch[k], b.batch[k]) for k in list(a.batch.keys()))
         and all(
             np.array_equal(a.non_tensor_batch[k], b.non_tensor_batch[k]) for k in ("uid", "score")
         )
@@ -115,10 +115,11 @@ def test_device_route_on_a_cluster_without_gpus_is_a_value_error_that_says_why()
         device_route.choose_transfer_route("device", protocol="tcp", gpus=0)
 
 
-def test_daskbackend_device_route_on_a_cpu_cluster_is_a_value_error(hf_dask_cluster):
+def test_daskbackend_device_route_on_a_cpu_cluster_is_a_value_error(hf_dask_backend):
+    client = hf_dask_backend.client  # the session's CPU cluster, through a second backend
     with pytest.raises(ValueError, match="no worker of this cluster has a GPU"):
-        DaskBackend(cluster=hf_dask_cluster, device_transfer="device")
-    assert len(hf_dask_cluster.scheduler_info["workers"]) > 0  # the given cluster lives on
+        DaskBackend(client=client, device_transfer="device")
+    assert client.status == "running"  # the given client and its cluster live on
     assert not device_route.enabled()
 
 

@@ -91,8 +91,10 @@ def test_use_gpu_true_places_every_rank_on_a_gpu_worker(backend):
     finally:
         group.shutdown()
     assert all(device.startswith("cuda:") for device in devices), devices
-    assert [visible for visible, _ in reports] == [d.removeprefix("cuda:") for d in devices]
-    assert all(available for _, available in reports)
+    # each rank's CUDA_VISIBLE_DEVICES names its slot's GPU at LOCAL_RANK
+    named = [visible.split(",")[local] for visible, local, _ in reports]
+    assert named == [d.removeprefix("cuda:") for d in devices]
+    assert all(available for _, _, available in reports)
     with pytest.raises(ValueError, match="GPU"):  # one more rank than there are GPU workers
         hf.WorkerGroup(hf.ResourcePool([gpu_count() + 1], use_gpu=True), Where, backend=backend)
 
