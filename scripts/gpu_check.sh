@@ -12,7 +12,9 @@
 #   2. pytest: pytest -m gpu over tests/gpu and the suite's other GPU tests
 #   3. bench:  benchmarks/bench_gpu.py (table + JSON)
 #   4. demo:   scripts/gpu_demo.py, the GRPO demo with the policy on the GPU
-# NCCL_SOCKET_IFNAME defaults to lo (one host). Each step has its own timeout and all of
+# HF_GPU_CHECK_STEPS (default "pytest,bench,demo") picks the steps after setup, and
+# HF_GPU_CHECK_PYTEST_ARGS adds to pytest's arguments (e.g. "-k chain"), for a shorter
+# second run of what failed. NCCL_SOCKET_IFNAME defaults to lo (one host). Each step has its own timeout and all of
 # them share one budget (HF_GPU_CHECK_BUDGET_S, 465 s), so the whole run ends inside 8
 # minutes whatever hangs. Everything is written
 # under $OUT (the device tool's folder; default out/gpu_check), at most 8 files:
@@ -40,6 +42,8 @@ PY="${PYTHON:-python3}"
 WHEELS="${HF_GPU_WHEELS:-$ROOT/.whl}"
 OUT="${OUT:-$ROOT/out/gpu_check}"
 BUDGET="${HF_GPU_CHECK_BUDGET_S:-465}"
+STEPS=",${HF_GPU_CHECK_STEPS:-pytest,bench,demo},"
+read -r -a PYTEST_EXTRA <<<"${HF_GPU_CHECK_PYTEST_ARGS:-}"
 SCRATCH="$(mktemp -d "${TMPDIR:-/tmp}/hf_gpu_check.XXXXXX")"
 SITE="$SCRATCH/site"
 SUMMARY="$OUT/summary.txt"
@@ -191,22 +195,28 @@ print('cluster choice:', probe_local_cluster())
 assert torch.cuda.is_available(), 'torch sees no GPU'
 " || failed=1
 
-# shellcheck disable=SC2046
-step "pytest -m gpu" 200 "$OUT/pytest.log" \
-  "$PY" -m pytest -m gpu "${PYTEST_PATHS[@]}" -rA -p no:cacheprovider $(plugin_args)
-tail -n 40 "$OUT/pytest.log" | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|passed|failed" \
-  >>"$SUMMARY" || true
-if grep -q "needs a CUDA GPU" "$OUT/pytest.log"; then
-  note "pytest -m gpu: FAILED (GPU tests were skipped: torch saw no GPU in pytest)"; failed=1
+if [[ $STEPS == *,pytest,* ]]; then
+  # shellcheck disable=SC2046
+  step "pytest -m gpu" 200 "$OUT/pytest.log" "$PY" -m pytest -m gpu "${PYTEST_PATHS[@]}" \
+    -rA -p no:cacheprovider $(plugin_args) "${PYTEST_EXTRA[@]}"
+  tail -n 40 "$OUT/pytest.log" \
+    | grep -E "^(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)|passed|failed" >>"$SUMMARY" || true
+  if grep -q "needs a CUDA GPU" "$OUT/pytest.log"; then
+    note "pytest -m gpu: FAILED (GPU tests were skipped: torch saw no GPU in pytest)"; failed=1
+  fi
 fi
 
-step "bench_gpu" 150 "$OUT/bench_gpu.txt" \
-  "$PY" benchmarks/bench_gpu.py --repeats 3 --out "$OUT/bench_gpu.json"
-grep -E "^(case|noop|dp |chain)" "$OUT/bench_gpu.txt" >>"$SUMMARY" || true
+if [[ $STEPS == *,bench,* ]]; then
+  step "bench_gpu" 150 "$OUT/bench_gpu.txt" \
+    "$PY" benchmarks/bench_gpu.py --repeats 3 --out "$OUT/bench_gpu.json"
+  grep -E "^(case|noop|dp |chain)" "$OUT/bench_gpu.txt" >>"$SUMMARY" || true
+fi
 
-step "demo on the GPU" 75 "$OUT/demo.log" \
-  "$PY" scripts/gpu_demo.py --steps 60 --out "$OUT/demo"
-grep -E "^reward:" "$OUT/demo.log" >>"$SUMMARY" || true
+if [[ $STEPS == *,demo,* ]]; then
+  step "demo on the GPU" 75 "$OUT/demo.log" \
+    "$PY" scripts/gpu_demo.py --steps 60 --out "$OUT/demo"
+  grep -E "^reward:" "$OUT/demo.log" >>"$SUMMARY" || true
+fi
 
 nvidia-smi --query-gpu=memory.used --format=csv >>"$SETUP" 2>&1 || true
 note "gpu_check: $([[ $failed -eq 0 ]] && echo PASSED || echo FAILED) in ${SECONDS}s"
