@@ -16,6 +16,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import ray
@@ -709,7 +710,10 @@ def _with_driver_paths(runtime_env: Mapping[str, Any] | None) -> dict[str, Any]:
         paths = []
         for entry in sys.path:
             path = os.path.realpath(entry or os.getcwd())
-            if os.path.isdir(path) and not any(path.startswith(p + os.sep) for p in prefixes):
+            installed = any(path.startswith(p + os.sep) for p in prefixes) or any(
+                part in ("site-packages", "dist-packages") for part in Path(path).parts
+            )  # the hosts' own interpreter has its packages: never put others first
+            if os.path.isdir(path) and not installed:
                 paths.append(path)
         inherited = os.environ.get("PYTHONPATH", "")
         joined = os.pathsep.join(
