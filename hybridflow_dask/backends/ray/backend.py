@@ -382,11 +382,13 @@ class RayBackend:
                     del members[ref.rank]
                 if not members:
                     self._groups.pop(ref.group, None)
-            if ref.slot.address in self._dead:
-                continue
-            with contextlib.suppress(Exception), self._order(ref.key):
-                seq = self._seq.pop(ref.key, 0) + 1
-                self._handle(ref.slot).destroy.remote(ref.key, self.driver_id, seq)
+            if ref.slot.address not in self._dead:
+                with contextlib.suppress(Exception), self._order(ref.key):
+                    seq = self._seq.get(ref.key, 0) + 1
+                    self._handle(ref.slot).destroy.remote(ref.key, self.driver_id, seq)
+            with self._lock:  # the instance is gone: so is its numbering
+                self._seq.pop(ref.key, None)
+                self._order_locks.pop(ref.key, None)
         for group, uids in by_group.items():
             with contextlib.suppress(Exception):
                 self._ask(self._registry.drop.remote(group, uids))
