@@ -189,3 +189,21 @@ def test_a_second_driver_process_attaches_by_address_and_its_shutdown_only_disco
     assert "COUNT [2, 2]" in proc.stdout, proc.stdout
     assert "INITIALIZED False" in proc.stdout
     assert group.count() == [3, 3], "the second driver's shutdown stopped the first's ranks"
+
+
+def test_an_address_where_no_ray_answers_is_one_line_and_exit_2():
+    with socket.socket() as sock:  # a port nothing listens on
+        sock.bind(("127.0.0.1", 0))
+        closed = sock.getsockname()[1]
+    address = f"127.0.0.1:{closed}"
+    argv = ["demo", "--backend", "ray", "--address", address, "--steps", "1"]
+    code = "import sys; from hybridflow_dask.cli import main; sys.exit(main(sys.argv[1:]))"
+    proc = subprocess.run(
+        [sys.executable, "-c", code, *argv],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"no Ray cluster answers at {address}" in lines[0], lines

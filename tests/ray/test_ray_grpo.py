@@ -10,6 +10,7 @@ import pytest
 
 pytest.importorskip("ray", reason="ray is not installed (pip install 'hybridflow-dask[ray]')")
 
+from hybridflow_dask.backends import ray as ray_package
 from hybridflow_dask.cli import main
 from hybridflow_dask.examples.grpo import run_demo
 from hybridflow_dask.examples.grpo.report import learning_summary
@@ -19,12 +20,40 @@ from hybridflow_dask.examples.grpo.report import learning_summary
 LEARN_STEPS = 30
 
 
-def test_hybridflow_dask_demo_backend_ray_learns(tmp_path: Path, capsys: Any) -> None:
-    # Ray is initialized in this process, so the demo's RayBackend joins it (and its
-    # shutdown leaves it running for the other tests).
+class Borrowed:
+    """The session's backend as the demo's own ``RayBackend``: the same Ray and slot hosts
+    (no new processes to start), and a ``shutdown`` that leaves them to the session."""
+
+    def __init__(self, backend: Any) -> None:
+        self._backend = backend
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._backend, name)
+
+    def __enter__(self) -> Borrowed:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+
+def test_hybridflow_dask_demo_backend_ray_learns(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch, ray_backend: Any
+) -> None:
+    made: list[Any] = []
+
+    def ray_backend_for_the_demo(address: str | None = None) -> Borrowed:
+        made.append(address)
+        return Borrowed(ray_backend)
+
+    monkeypatch.setattr(ray_package, "RayBackend", ray_backend_for_the_demo)
     out = tmp_path / "demo"
     assert main(["demo", "--backend", "ray", "--steps", str(LEARN_STEPS), "--out", str(out)]) == 0
     printed = capsys.readouterr().out
+    assert made == [None], "--backend ray did not make a RayBackend (without an address)"
     assert "Ray backend:" in printed and "Dask dashboard" not in printed
     steps = json.loads((out / "metrics.json").read_text())["steps"]
     assert [s["step"] for s in steps] == list(range(1, LEARN_STEPS + 1))

@@ -10,6 +10,7 @@ import contextlib
 import logging
 import os
 import pickle
+import socket
 import sys
 import threading
 import time
@@ -45,6 +46,8 @@ MAX_CONCURRENCY = 10_000
 START_WAIT_S = 120.0
 #: How long a short question to a slot host (a port, the registry) may take.
 ASK_WAIT_S = 60.0
+#: How long ``RayBackend(address=...)`` waits for the address to accept a connection.
+CONNECT_WAIT_S = 5.0
 
 _HostActor: Any = ray.remote(SlotHost)
 
@@ -153,6 +156,7 @@ class RayBackend:
             if address is None:
                 options["resources"] = {SLOT_RESOURCE: float(max_slots)}
             else:
+                _check_answers(address)
                 options["address"] = address
             extra = dict(init_kwargs)
             if address is None or "resources" in extra:
@@ -698,6 +702,23 @@ class RayBackend:
             return ray.get(ref, timeout=ASK_WAIT_S)
         except Exception as exc:
             raise translate(exc, f"slot host {address}" if address else "the registry") from exc
+
+
+def _check_answers(address: str, timeout: float = CONNECT_WAIT_S) -> None:
+    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens is a
+    ``ConnectionError`` within ``timeout``: ``ray.init`` would retry for minutes."""
+    target = address.split("://", 1)[-1]
+    host, _, port = target.rpartition(":")
+    if not host or not port.isdigit():
+        return  # "auto" and the like: Ray looks for the cluster itself
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
+            pass
+    except OSError as exc:
+        raise ConnectionError(
+            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start its head "
+            "with `ray start --head`, or give the address it printed"
+        ) from None
 
 
 def _with_driver_paths(runtime_env: Mapping[str, Any] | None) -> dict[str, Any]:
