@@ -443,7 +443,7 @@ _TEMPLATE = """\
 <td>{{ r["host"] }}</td><td>{{ r["device"] }}</td>
 <td><span class="{{ state }}">{{ state }}</span></td><td>
 {% for c in r["pending"] %}
-<span class="nowrap {{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
+<span class="{{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
 {{ c["state"] }} {{ c["seconds"]|seconds }}{% if c["straggler"] %} straggler{% endif %}</span><br>
 {% else %}<span class="muted">idle</span>{% endfor %}</td></tr>
 {% endfor %}
