@@ -1,8 +1,8 @@
 """``DaskBackend``: ranks live in Dask worker processes; the core talks to this class.
 
 It places pools on workers, keeps the per-instance sequence numbers that order calls, and
-learns of dead workers from the scheduler's plugin hook (``scheduler.deaths``) (so calls on a dead
-rank fail within a fraction of a second instead of hanging). How a call travels is the
+learns of dead workers from a scheduler plugin's hook (``scheduler.deaths``), so calls on
+a dead rank fail within a fraction of a second instead of hanging. How a call travels is the
 call path's business: ``direct_path`` (the default, a message to the worker's own
 handler) or ``task_path`` (a pinned Dask task, public APIs only). Either way results are
 ordinary ``distributed.Future``s that stay on the workers until someone needs them, and
@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import collections
 import concurrent.futures
 import contextlib
 import copy
@@ -629,9 +630,9 @@ class DaskBackend:
         stranded = self._live.stranded()
         if stranded:
             self.client.loop.add_callback(self._cancel, stranded)
-        lost: dict[tuple[str, Any, str], int] = {}
-        for ref, method in self._live.pending_with(address):
-            lost[ref.group, ref.rank, method] = lost.get((ref.group, ref.rank, method), 0) + 1
+        lost = collections.Counter(
+            (ref.group, ref.rank, method) for ref, method in self._live.pending_with(address)
+        )
         for (group, rank, method), count in lost.items():
             self._report(
                 {

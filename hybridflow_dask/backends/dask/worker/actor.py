@@ -209,10 +209,10 @@ class Actor:
 
     def _run(self, job: Callable[[Actor], Any], future: concurrent.futures.Future) -> None:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
-        if record is not None:
-            record.start = time.time()
         try:
-            with self._gate.use(self.env):
+            with self._gate.use(self.env):  # waiting here for another environment is queue
+                if record is not None:
+                    record.start = time.time()
                 result = job(self)
         except BaseException as exc:  # the method's own error, annotated by the job
             _stopped(record)
