@@ -23,6 +23,8 @@ __version__: str
 
 #: Every public name and the module (relative to this package) that defines it.
 _EXPORTS: dict[str, str] = {
+    "CallTimeoutError": ".errors",
+    "CallWithdrawnError": ".errors",
     "ClassWithInitArgs": ".worker",
     "DataProto": ".protocol",
     "DataProtoConfig": ".protocol",
@@ -30,12 +32,19 @@ _EXPORTS: dict[str, str] = {
     "DataProtoItem": ".protocol",
     "Dispatch": ".decorators",
     "Execute": ".decorators",
+    "HybridFlowError": ".errors",
+    "LaneRefused": ".errors",
+    "ProtocolError": ".errors",
     "Recovery": ".recovery",
     "RecoveryRecord": ".recovery",
     "ResourcePool": ".resource_pool",
     "ResourcePoolManager": ".resource_pool",
+    "SchedulerLostError": ".errors",
+    "SchedulerUnreachableError": ".errors",
     "Worker": ".worker",
     "WorkerGroup": ".worker_group",
+    "WorkerLostError": ".errors",
+    "WorkerUnreachableError": ".errors",
     "all_gather_data_proto": ".protocol",  # verl: verl.protocol.all_gather_data_proto
     "create_colocated_worker_cls": ".colocate",
     "dashboard_link": ".runtime",
@@ -89,6 +98,15 @@ if TYPE_CHECKING:  # what static tools see; tests check it names exactly _EXPORT
     from .decorators import register as register
     from .decorators import register_dispatch_mode as register_dispatch_mode
     from .decorators import update_dispatch_mode as update_dispatch_mode
+    from .errors import CallTimeoutError as CallTimeoutError
+    from .errors import CallWithdrawnError as CallWithdrawnError
+    from .errors import HybridFlowError as HybridFlowError
+    from .errors import LaneRefused as LaneRefused
+    from .errors import ProtocolError as ProtocolError
+    from .errors import SchedulerLostError as SchedulerLostError
+    from .errors import SchedulerUnreachableError as SchedulerUnreachableError
+    from .errors import WorkerLostError as WorkerLostError
+    from .errors import WorkerUnreachableError as WorkerUnreachableError
     from .protocol import DataProto as DataProto
     from .protocol import DataProtoConfig as DataProtoConfig
     from .protocol import DataProtoFuture as DataProtoFuture

@@ -92,13 +92,8 @@ def _future_problem(backend: Any, value: Any) -> str | None:
             f"is a {type(value).__name__}, a future this group's {mine} cannot resolve; "
             "pass hf.get() of it, or make both groups on one backend"
         )
-    if backend.is_future(value) and _client_closed(value):
-        return (
-            f"is a future of a backend that was shut down (its {type(value).__name__} "
-            "belongs to a closed client), so its result is gone; compute it again on an "
-            "open backend"
-        )
-    return None
+    problem = getattr(backend, "future_problem", None)  # optional (Backend's docstring)
+    return problem(value) if problem is not None and backend.is_future(value) else None
 
 
 def _foreign_future(backend: Any, value: Any) -> bool:
@@ -144,10 +139,4 @@ def _named_values(args: tuple, kwargs: dict) -> list[tuple[str, Any]]:
 
 def _shut_down(backend: Any) -> bool:
     """Whether a backend (or a ``DataProtoFuture``'s runner) was shut down, where it says."""
-    return getattr(backend, "_closed", False) is True
-
-
-def _client_closed(future: Any) -> bool:
-    """A future whose client (a Dask ``Future``'s) was closed with its backend."""
-    status = getattr(getattr(future, "client", None), "status", None)
-    return status in ("closing", "closed")
+    return getattr(backend, "closed", False) is True

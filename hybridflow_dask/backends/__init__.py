@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from ..errors import HybridFlowError, SchedulerLostError, SchedulerUnreachableError
 from .base import (
     Backend,
     BackendFuture,
@@ -15,7 +16,6 @@ from .base import (
     Slot,
     WorkerLostError,
 )
-from .dask.driver.connect import SchedulerLostError, SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
 
 if TYPE_CHECKING:
@@ -28,6 +28,7 @@ __all__ = [
     "DaskBackend",
     "FutureList",
     "Futures",
+    "HybridFlowError",
     "InstanceRef",
     "Instances",
     "LocalBackend",

@@ -12,9 +12,14 @@ The protocol is three small groups, one per caller, and ``Backend`` is their uni
 - ``Futures`` (used by ``DataProtoFuture``, ``hybridflow_dask.get`` and every gather):
   ``submit``, ``gather``, ``is_future``;
 
-plus ``name`` and ``shutdown``. The docstrings below are the contract: what each method
-must guarantee, not only what it takes. ``hybridflow_dask.testing.conformance`` checks
-it (``docs/backends.md`` says how to run it against your backend).
+plus ``name``, ``closed`` and ``shutdown``. Optional members, read where present:
+``dashboard_link`` (a URL where people watch the backend's work, or ``None``),
+``future_problem(obj)`` (why one of its futures can no longer be an argument, e.g. made
+by a client since closed, or ``None``; the core refuses such a call before sending it),
+``in_process`` and ``results_outlive_workers`` (below). The docstrings below are the
+contract: what each method must guarantee, not only what it takes.
+``hybridflow_dask.testing.conformance`` checks it (``docs/backends.md`` says how to run
+it against your backend).
 
 Guarantees that span several methods:
 
@@ -28,17 +33,37 @@ Guarantees that span several methods:
   other instance's extra variables, even when colocated instances share a process.
 - **``async def`` methods** run to completion on an event loop that belongs to the
   instance and lives as long as it does (tasks it starts keep their loop between calls).
-- **Order.** Calls to one instance run one at a time, in the order ``call`` was invoked
-  (whichever thread invoked it, and whether or not their inputs are ready yet).
+- **Order.** Calls to one instance start in the order ``call`` was invoked (whichever
+  thread invoked it, and whether or not their inputs are ready yet). A ``def`` method
+  runs alone: the next call starts when it has returned. An ``async def`` method's body
+  starts before the next call does, and the next call starts once it reaches its first
+  ``await`` (so coroutine calls overlap only while they wait, as on a Ray async actor); an
+  in-process backend may instead run each coroutine to its end before the next call, which
+  keeps the same order. The kit checks both orders.
+- **Time limits.** A call made while ``hybridflow.call-timeout`` is set (``dask.config``)
+  never starts after that many seconds from when it was made, and ``gather`` never waits
+  longer for it: ``CallTimeoutError`` (a ``TimeoutError``), saying which ranks' calls were
+  withdrawn (they will not run) and which were running (they may still finish). A backend
+  without remote processes has nothing to time out (its calls run inline).
 - **Errors** from ``__init__`` or a method reach ``gather`` with their own type, a note
   ``"raised by {group}.{method} on rank {rank} ..."`` (``hosting.annotate_error`` writes
   it, and sets ``exc.hybridflow_origin = (group, method, rank)`` and
   ``exc.remote_traceback``; notes need Python 3.11). An exception that cannot travel
   becomes a ``RuntimeError`` carrying the same (``hosting.sendable``).
-- **Death.** When the process behind a slot dies, every pending and later call, gather
-  and create on its instances raises ``WorkerLostError`` naming the group and rank,
-  promptly (the project's backends: well under a second), never a hang; ``alive`` turns
-  ``False`` for the slot.
+- **Death.** When the process behind a slot dies, every pending and later call and create
+  on its instances raises ``WorkerLostError`` naming the group and rank, promptly (the kit
+  allows ``DEATH_LIMIT_S``, 10 s; the project's backends take well under a second), never
+  a hang; ``alive`` turns ``False`` for the slot. A gather of a result the slot had
+  already finished either returns it (a backend whose results outlive their process, as
+  Ray's object store does, declares ``results_outlive_workers = True``) or raises
+  ``WorkerLostError``; never anything else.
+- **Losing the cluster.** A backend whose instances live in a cluster it reaches over the
+  network raises ``SchedulerLostError`` once the cluster's coordinator is gone for longer
+  than its limit, from every call and gather; an address where none answers at start-up
+  is ``SchedulerUnreachableError``. Every failure of the library itself is a
+  ``hybridflow_dask.HybridFlowError`` (``errors``).
+- **Shutdown racing a wait.** ``shutdown`` from another thread makes a ``gather`` or
+  ``call`` in progress raise ``RuntimeError`` (the backend was shut down), never hang.
 
 Optional attribute, read by the conformance kit only: ``in_process = True`` says the
 backend runs instances inside the driver's process (like ``LocalBackend``), so the tests
@@ -53,6 +78,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from ..errors import WorkerLostError, WorkerUnreachableError
+
 __all__ = [
     "Backend",
     "BackendFuture",
@@ -63,6 +90,7 @@ __all__ = [
     "Placement",
     "Slot",
     "WorkerLostError",
+    "WorkerUnreachableError",
 ]
 
 
@@ -134,20 +162,15 @@ class FutureList(list):
         return (list, (list(self),))
 
 
-class WorkerLostError(RuntimeError):
-    """The process hosting a rank died; the group's pending and later calls fail with this.
-
-    Backends raise it (never a hang, a cancellation or their own error type) and name the
-    group and rank in the message, so the caller knows to ``WorkerGroup.recover()``.
-    """
-
-
 @runtime_checkable
 class BackendFuture(Protocol):
     """A backend's future. The core waits through ``Futures.gather``, never on the future
-    itself; ``result`` is there for people who hold one."""
+    itself, and asks ``done`` only to tell futures from plain values (and to see which
+    finished); ``result`` is there for people who hold one."""
 
     def result(self, timeout: float | None = None) -> Any: ...
+
+    def done(self) -> bool: ...
 
 
 @runtime_checkable
@@ -306,6 +329,12 @@ class Backend(Placement, Instances, Futures, Protocol):
     """
 
     name: str
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown`` was called. The core refuses, before sending anything, a
+        call whose arguments hold futures of a closed backend (their results are gone)."""
+        ...
 
     def shutdown(self) -> None:
         """Stop what this backend started; idempotent.

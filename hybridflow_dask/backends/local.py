@@ -3,9 +3,11 @@
 The in-process sibling of the Dask backend, small enough to read in one sitting: for unit
 tests, for stepping through worker code with ``pdb``, and to keep the ``Backend``
 interface honest. It behaves like a remote backend in what a worker can observe:
-arguments are copied when the call is made and results when the method returns (a worker
-mutating its shard never changes the caller's batch, a caller or an instance changing a
-tensor afterwards never changes what the other got), each rank's environment is in
+arguments are copied when the call is made and results when the method returns, through
+pickle as a remote backend's would travel (a worker mutating its shard never changes the
+caller's batch, a caller or an instance changing a tensor afterwards never changes what
+the other got, and an argument that cannot be pickled is refused at the call, naming the
+group, method and rank, as ``DaskBackend`` refuses it), each rank's environment is in
 ``os.environ`` while that rank's code runs, and calls from several driver threads run one
 at a time (an instance never sees two of its calls at once, nor a reply torn by another).
 Ranks run one after another, so collectives between ranks (``torch.distributed``) cannot
@@ -15,7 +17,6 @@ it implements (``backends/base.py``).
 
 from __future__ import annotations
 
-import copy
 import os
 import socket
 import threading
@@ -23,7 +24,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from .base import InstanceRef, Slot
-from .hosting import InstanceTable, find_free_port
+from .hosting import InstanceTable, PickleCopy, find_free_port
 
 __all__ = ["LocalBackend", "LocalFuture"]
 
@@ -64,8 +65,14 @@ class LocalBackend:
         self._groups: dict[str, list[InstanceRef]] = {}
         self._host = socket.gethostname()
         self._closed = False
+        self._copy = PickleCopy()
         #: One call at a time, from whichever thread: copies in, method, copy out.
         self._calls = threading.RLock()
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown`` was called (the core refuses this backend's futures then)."""
+        return self._closed
 
     # -- placement --------------------------------------------------------------------
 
@@ -98,7 +105,8 @@ class LocalBackend:
     ) -> LocalFuture:
         self._check_open()
         self._groups.setdefault(ref.group, []).append(ref)
-        return self._run(lambda a, k: self._table.create(ref, cls, a, k, env), args, kwargs)
+        label = f"{ref.group}.__init__"
+        return self._run(lambda a, k: self._table.create(ref, cls, a, k, env), args, kwargs, label)
 
     def call(
         self,
@@ -111,13 +119,14 @@ class LocalBackend:
         blocking: bool = False,
     ) -> LocalFuture:
         self._check_open()
-        return self._run(lambda a, k: self._table.invoke(ref, method, a, k), args, kwargs)
+        where = f"{label} for rank {ref.rank}"
+        return self._run(lambda a, k: self._table.invoke(ref, method, a, k), args, kwargs, where)
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
     ) -> LocalFuture:
         self._check_open()
-        return self._run(lambda a, k: fn(*a, **k), args, {})
+        return self._run(lambda a, k: fn(*a, **k), args, {}, label)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
         """Each future's value (the first error raised); other values as they are."""
@@ -163,14 +172,21 @@ class LocalBackend:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _run(self, fn: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> LocalFuture:
-        try:
-            with self._calls:
-                a = tuple(copy.deepcopy(_resolve(v)) for v in args)
-                k = {key: copy.deepcopy(_resolve(v)) for key, v in kwargs.items()}
-                return LocalFuture(copy.deepcopy(fn(a, k)))
-        except Exception as exc:
-            return LocalFuture(error=exc)
+    def _run(
+        self, fn: Callable[[tuple, dict], Any], args: tuple, kwargs: dict, where: str
+    ) -> LocalFuture:
+        """Copies in (refused at once if they cannot travel), the call, a copy out."""
+        with self._calls:
+            failed = next((f for f in (*args, *kwargs.values()) if _failed(f)), None)
+            if failed is not None:  # an input's error, as a remote gather would raise it
+                return failed
+            what = f"the arguments of {where}"
+            a = self._copy.copy(tuple(_resolve(v) for v in args), what)
+            k = self._copy.copy({key: _resolve(v) for key, v in kwargs.items()}, what)
+            try:
+                return LocalFuture(self._copy.copy(fn(a, k), f"the result of {where}"))
+            except Exception as exc:
+                return LocalFuture(error=exc)
 
     def _check_open(self) -> None:
         if self._closed:
@@ -189,3 +205,7 @@ def _current_gpu() -> str:
 
 def _resolve(value: Any) -> Any:
     return value.result() if isinstance(value, LocalFuture) else value
+
+
+def _failed(value: Any) -> LocalFuture | None:
+    return value if isinstance(value, LocalFuture) and value._error is not None else None

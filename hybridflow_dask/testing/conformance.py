@@ -46,6 +46,7 @@ import pytest
 import torch
 
 from ..backends.base import Backend, InstanceRef, WorkerLostError
+from ..errors import HybridFlowError
 from ..protocol import DataProto, DataProtoFuture
 from ..resource_pool import ResourcePool
 from ..runtime import get
@@ -54,7 +55,7 @@ from ..worker_group import WorkerGroup
 from .conformance_workers import Probe, add, double
 
 #: How long a call may take to fail once its worker is dead, before the kit calls it a hang.
-DEATH_LIMIT_S = 30.0
+DEATH_LIMIT_S = 10.0
 #: How long any other single wait of the kit may take.
 WAIT_LIMIT_S = 60.0
 
@@ -152,6 +153,9 @@ class KilledRank:
     value: Any
     seconds: float
     alive_after: bool
+    #: What gathering a result rank 1 finished before the kill did: ("returned", value),
+    #: ("raised", error) or ("hung", None).
+    kept_after: tuple[str, Any] = ("hung", None)
 
 
 @pytest.fixture(scope="module")
@@ -171,6 +175,8 @@ def hf_killed_rank(hf_backend: Any) -> Iterator[KilledRank]:
         ref = group.workers[rank]
         old_pid = group.where()[rank]["pid"]
         group.execute_all_sync("record", "before the kill")
+        kept = hf_backend.call(ref, "rank_and", ("kept",), {}, label=f"{ref.group}.rank_and")
+        hf_backend.gather([kept])  # finished, and kept where the backend keeps results
         start = time.monotonic()
         hf_backend.call(ref, "exit_process", (), {}, label=f"{ref.group}.exit_process")
         # Calls run in issue order, so this one runs after the kill: it can only fail.
@@ -180,8 +186,17 @@ def hf_killed_rank(hf_backend: Any) -> Iterator[KilledRank]:
         )
         seconds = time.monotonic() - start
         error = value if outcome == "raised" else None
+        kept_after = _within(DEATH_LIMIT_S, lambda: hf_backend.gather([kept])[0])
         yield KilledRank(
-            group, rank, old_pid, outcome, error, value, seconds, hf_backend.alive(ref.slot)
+            group,
+            rank,
+            old_pid,
+            outcome,
+            error,
+            value,
+            seconds,
+            hf_backend.alive(ref.slot),
+            kept_after,
         )
     finally:
         group.shutdown()
@@ -358,6 +373,39 @@ def test_async_methods_run_on_one_event_loop_per_instance_that_outlives_the_call
     assert later_loop == loop, "async def methods of one instance must share one event loop"
     assert ticker_alive, "a task an async method started was stopped when the call returned"
     assert ticks > 0, "a task an async method started made no progress in a later call"
+
+
+def test_an_argument_that_cannot_travel_is_refused_at_the_call_naming_group_method_and_rank(
+    hf_backend: Any, hf_kit_group
+) -> None:
+    group = hf_kit_group([1])
+    ref = group.workers[0]
+    with pytest.raises(TypeError) as caught:  # at the call, or at latest at its gather
+        hf_backend.gather(
+            [hf_backend.call(ref, "record", (threading.Lock(),), {}, label=f"{ref.group}.record")]
+        )
+    text = str(caught.value)
+    assert f"{ref.group}.record" in text and "rank 0" in text, (
+        f"an argument that cannot be pickled must be refused naming group, method and rank: {text}"
+    )
+    assert _call(hf_backend, ref, "record", "after") == "after"
+    assert _call(hf_backend, ref, "history") == ["after"], "the refused call must not run"
+
+
+def test_async_methods_start_in_issue_order_with_the_instances_other_calls(
+    hf_backend: Any, hf_kit_group
+) -> None:
+    ref = hf_kit_group([1]).workers[0]
+    futures = []
+    for i in range(20):
+        method = "record_async" if i % 2 == 0 else "record"
+        futures.append(hf_backend.call(ref, method, (i,), {}, label=f"{ref.group}.{method}"))
+    hf_backend.gather(futures)
+    seen = _call(hf_backend, ref, "history")
+    assert seen == list(range(20)), (
+        "an async def method's body must start before any call made after it on the same "
+        f"instance (calls overlap only after its first await); issued 0..19, started {seen}"
+    )
 
 
 # ---- futures ----------------------------------------------------------------------------
@@ -613,10 +661,31 @@ def test_a_killed_worker_fails_the_next_call_with_worker_lost_error_naming_group
         f"a call to a killed rank raised {type(k.error).__name__}: {k.error}; it must raise "
         "WorkerLostError"
     )
+    assert isinstance(k.error, HybridFlowError), "WorkerLostError must be a HybridFlowError"
     text = str(k.error)
     assert k.group.name_prefix in text and f"rank {k.rank}" in text, (
         f"WorkerLostError must name the group {k.group.name_prefix!r} and 'rank {k.rank}': {text!r}"
     )
+
+
+@pytest.mark.hf_processes
+def test_a_result_finished_before_a_death_is_returned_or_lost_as_the_backend_declares(
+    hf_backend: Any, hf_killed_rank: KilledRank
+) -> None:
+    outcome, value = hf_killed_rank.kept_after
+    assert outcome != "hung", (
+        f"gathering a result of a killed rank did not finish within {DEATH_LIMIT_S:g}s"
+    )
+    if getattr(hf_backend, "results_outlive_workers", False):
+        assert (outcome, value) == ("returned", (1, "kept")), (
+            "results_outlive_workers = True, but a result finished before the worker died "
+            f"was not returned: {outcome} {value!r}"
+        )
+    else:
+        assert outcome == "raised" and isinstance(value, WorkerLostError), (
+            "a result kept on a worker that died must fail its gather with WorkerLostError "
+            f"(or declare results_outlive_workers = True): {outcome} {value!r}"
+        )
 
 
 @pytest.mark.hf_processes

@@ -134,6 +134,12 @@ class Probe(Worker):
         await asyncio.sleep(0)
         return id(asyncio.get_running_loop())
 
+    async def record_async(self, item: Any) -> Any:
+        """Append ``item`` before the first ``await`` (the body's start), then yield."""
+        self.seen.append(item)
+        await asyncio.sleep(0.002)
+        return item
+
     async def ticks_after(self, seconds: float) -> tuple[int, int, bool]:
         before = self.ticks
         await asyncio.sleep(seconds)

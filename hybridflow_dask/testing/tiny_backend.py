@@ -1,24 +1,20 @@
 """The smallest honest Backend: every rank in the driver's process (docs/backends.md)."""
 
-import copy
+import concurrent.futures
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..backends.base import InstanceRef, Slot
-from ..backends.hosting import InstanceTable, find_free_port
+from ..backends.hosting import InstanceTable, PickleCopy, find_free_port
 
 
-class Done:
+class Done(concurrent.futures.Future):
     """A call that already ran: its value, or the error it raised."""
 
     def __init__(self, value: Any = None, error: BaseException | None = None) -> None:
-        self.value, self.error = value, error
-
-    def result(self, timeout: float | None = None) -> Any:
-        if self.error is not None:
-            raise self.error
-        return self.value
+        super().__init__()
+        self.set_result(value) if error is None else self.set_exception(error)
 
 
 class TinyBackend:
@@ -31,6 +27,7 @@ class TinyBackend:
         self.table = InstanceTable()  # objects; their env in os.environ; a loop each; notes
         self.refs: dict[str, InstanceRef] = {}  # what lookup() finds
         self.lock = threading.RLock()  # one call at a time, whichever thread calls
+        self.copy = PickleCopy()  # copies as values travel to a process (and refuses likewise)
         self.closed = False
 
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
@@ -56,10 +53,12 @@ class TinyBackend:
 
     def create(self, ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict) -> Done:
         self.refs[ref.key] = ref
-        return self._run(lambda a, k: self.table.create(ref, cls, a, k, env), args, kwargs)
+        init = f"{ref.group}.__init__ for rank {ref.rank}"
+        return self._run(lambda a, k: self.table.create(ref, cls, a, k, env), args, kwargs, init)
 
     def call(self, ref: InstanceRef, method: str, args: tuple, kwargs: dict, **hints: Any) -> Done:
-        return self._run(lambda a, k: self.table.invoke(ref, method, a, k), args, kwargs)
+        where = f"{hints['label']} for rank {ref.rank}"
+        return self._run(lambda a, k: self.table.invoke(ref, method, a, k), args, kwargs, where)
 
     def destroy(self, refs: Sequence[InstanceRef]) -> None:
         for key in [ref.key for ref in refs if self.refs.pop(ref.key, None)]:
@@ -70,7 +69,7 @@ class TinyBackend:
         return [ref for ref in self.refs.values() if ref.group == group]
 
     def submit(self, fn: Callable, *args: Any, slot: Any = None, label: str = "") -> Done:
-        return self._run(lambda a, k: fn(*a), args, {})
+        return self._run(lambda a, k: fn(*a), args, {}, label)
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
         self._open()
@@ -83,15 +82,15 @@ class TinyBackend:
         self.destroy(list(self.refs.values()))
         self.closed = True
 
-    def _run(self, fn: Callable[[tuple, dict], Any], args: tuple, kwargs: dict) -> Done:
+    def _run(self, fn: Callable[[tuple, dict], Any], args: tuple, kw: dict, where: str) -> Done:
         self._open()
         with self.lock:  # copies in, the method, the copy out: no other call in between
-            try:
-                a = [v.result() if isinstance(v, Done) else v for v in args]
-                k = {n: v.result() if isinstance(v, Done) else v for n, v in kwargs.items()}
-                a, k = copy.deepcopy((a, k))  # later changes by the caller never reach fn
-                return Done(copy.deepcopy(fn(tuple(a), k)))  # nor later ones by the instance
-            except Exception as exc:  # a failed input, or the method's (annotated) error
+            try:  # a failed input fails the call, and so does one that cannot travel
+                a = tuple(v.result() if isinstance(v, Done) else v for v in args)
+                k = {n: v.result() if isinstance(v, Done) else v for n, v in kw.items()}
+                a, k = self.copy.copy((a, k), f"the arguments of {where}")  # the caller's own
+                return Done(self.copy.copy(fn(a, k), f"the result of {where}"))  # fn's own
+            except Exception as exc:  # ... or the method's (annotated) error
                 return Done(error=exc)
 
     def _open(self) -> None:

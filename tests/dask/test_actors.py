@@ -299,7 +299,7 @@ class Flaky(hf.Worker):
 
 
 def _actors(dask_worker) -> int:
-    return len(dask_worker.plugins["hybridflow-host"].actors)
+    return len(dask_worker.plugins["hybridflow-instances"].instances)
 
 
 def test_a_group_shut_down_with_a_failing_call_pending_leaves_nothing_on_the_worker(

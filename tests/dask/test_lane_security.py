@@ -27,9 +27,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hybridflow_dask.backends.dask.driver.lane import Lane
-from hybridflow_dask.backends.dask.wire.lane_protocol import LaneRefused
 from hybridflow_dask.backends.dask.wire.messages import LaneLimits, write_message
 from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
+from hybridflow_dask.errors import LaneRefused
 
 pytestmark = pytest.mark.timeout(120)
 

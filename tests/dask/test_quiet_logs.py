@@ -162,7 +162,7 @@ class _StandInWorker:
 def test_a_heartbeat_error_shows_unless_the_worker_is_closing_stand_in_worker(status, shown):
     from distributed.core import Status
 
-    from hybridflow_dask.backends.dask.worker.host import _ClosingHeartbeatFilter
+    from hybridflow_dask.backends.dask.worker.plugin import _ClosingHeartbeatFilter
 
     worker = _StandInWorker(Status[status])
     heartbeat = logging.LogRecord(

@@ -14,7 +14,7 @@ from call_paths import backend_on
 import hybridflow_dask as hf
 from hybridflow_dask.backends import WorkerLostError
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.dask.worker.actor import Actor, EnvGate
+from hybridflow_dask.backends.hosting import Actor, EnvGate
 
 
 class _Job:

@@ -11,8 +11,8 @@ import sys
 
 import pytest
 
-from hybridflow_dask.backends.dask.worker.actor import release_device_memory
-from hybridflow_dask.backends.dask.worker.tasks import count_visible_gpus
+from hybridflow_dask.backends.dask.worker.probe import count_visible_gpus
+from hybridflow_dask.backends.hosting import release_device_memory
 
 
 @pytest.mark.parametrize(
@@ -40,7 +40,7 @@ def test_count_visible_gpus_reads_cuda_visible_devices_as_cuda_does(visible, nvm
 def test_release_device_memory_does_nothing_in_a_process_that_never_started_cuda():
     code = (
         "import torch, sys\n"
-        "from hybridflow_dask.backends.dask.worker.actor import release_device_memory\n"
+        "from hybridflow_dask.backends.hosting import release_device_memory\n"
         "release_device_memory()\n"
         "print(torch.cuda.is_initialized())\n"
     )

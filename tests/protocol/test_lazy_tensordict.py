@@ -12,7 +12,7 @@ import sys
 SCRIPT = """
 import sys
 import hybridflow_dask as hf
-import hybridflow_dask.backends.dask.worker.host
+import hybridflow_dask.backends.dask.worker.plugin
 from hybridflow_dask.protocol.rows import is_batch
 assert not is_batch([1, 2])
 print("before", "tensordict" in sys.modules)

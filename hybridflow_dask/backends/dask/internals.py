@@ -29,6 +29,7 @@ __all__ = [
     "add_dashboard_page",
     "add_handlers",
     "adopt_future",
+    "dont_reply",
     "enter_worker",
     "fail_future",
     "fetch_keys",
@@ -54,6 +55,14 @@ def adopt_future(client: Any, key: Any) -> Future:
     future = Future(key, client)
     client._send_to_scheduler({"op": "client-desires-keys", "keys": [key], "client": client.id})
     return future
+
+
+def dont_reply() -> Any:
+    """What a comm handler returns when it answers on the stream itself (``Status``'s
+    member for it is not part of Dask's documented API)."""
+    from distributed.core import Status
+
+    return Status.dont_reply
 
 
 def add_handlers(worker: Any, handlers: dict[str, Callable[..., Any]]) -> None:

@@ -369,8 +369,14 @@ class RayBackend:
             try:
                 message = (ref.key, self.driver_id, seq, method, args, kwargs)
                 object_ref = handle.call.remote(message)
-            except BaseException:  # not sent (e.g. an argument Ray cannot pickle)
+            except BaseException as exc:  # not sent (e.g. an argument Ray cannot pickle)
                 handle.skip.remote(ref.key, self.driver_id, seq)
+                if isinstance(exc, TypeError):  # named as every backend names it
+                    raise TypeError(
+                        f"the arguments of {label} for rank {ref.rank} cannot be sent to a "
+                        f"worker: {exc}; pass picklable values (tensors, arrays, DataProto, "
+                        "plain Python objects)"
+                    ) from exc
                 raise
         return RayFuture(object_ref, ref.slot, f"{ref.group}.{method} on rank {ref.rank}")
 
@@ -433,6 +439,15 @@ class RayBackend:
                 raise self._closed_error("gather results") from exc
             raise
         return [next(values) if isinstance(f, RayFuture) else f for f in futures]
+
+    #: Finished results live in Ray's object store, not in the process that made them:
+    #: a gather after that process died still returns them (see ``base``, Death).
+    results_outlive_workers = True
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown`` was called (the core refuses this backend's futures then)."""
+        return self._closed
 
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, RayFuture)

@@ -1,10 +1,11 @@
 """The cluster side of the Ray backend: one ``SlotHost`` actor per slot, and the registry.
 
 A ``SlotHost`` is an async Ray actor living in one placement-group bundle. It hosts every
-instance placed on its slot (the ranks of colocated groups), each in an ``Actor`` of its
-own (the same per-instance runner the Dask backend uses: a thread, an event loop for
-``async def`` methods, an environment switched in while it runs, calls taken in the
-driver's sequence order). The actor's own event loop only receives messages, awaits
+instance placed on its slot (the ranks of colocated groups) in the backend-neutral
+``hosting.Instances``: an actor each (a thread, an event loop for ``async def`` methods,
+an environment switched in while it runs, calls taken in the driver's sequence order),
+and the one call flow every backend's calls go through. This module only translates
+Ray's actor calls into that flow. The actor's own event loop only receives messages, awaits
 inputs and hands calls over, so a long method never holds up a routing function, the
 fetching of other calls' inputs, or the ``watch`` call the driver uses to see this
 process die. (Colocated instances with different environments still take turns: there
@@ -20,9 +21,9 @@ Three things are done here rather than left to Ray, each for a reason:
   keeps submission order only for single-threaded actors, which would run colocated
   instances and routing functions one at a time (and deadlock a method that resolves a
   future routed through its own slot);
-- **results** are copied in the instance's thread as the method returns: Ray serializes
-  an async actor's return value after the coroutine has finished, by when the instance's
-  next call may be changing it.
+- **results** are copied in the instance's thread as the method returns (the flow's
+  ``"kept"`` results): Ray serializes an async actor's return value after the coroutine
+  has finished, by when the instance's next call may be changing it.
 """
 
 from __future__ import annotations
@@ -30,8 +31,6 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import copy
-import inspect
 import os
 import socket
 from typing import Any
@@ -39,8 +38,7 @@ from typing import Any
 import ray
 
 from ..base import InstanceRef
-from ..dask.worker.actor import Actor, EnvGate
-from ..hosting import annotate_error, explain_init_error, find_free_port, sendable
+from ..hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
 from .futures import Input, has_inputs, is_lost, translate, writable
 
 __all__ = ["SlotHost"]
@@ -53,16 +51,13 @@ BIRTH_WAIT_S = 60.0
 #: Destroyed instance keys remembered, so a late call fails at once instead of waiting.
 GONE_KEPT = 10_000
 
-_PLAIN = (type(None), bool, int, float, complex, str, bytes)
-
 
 class SlotHost:
     """Every instance on one slot; made a Ray actor by the backend (``ray.remote``)."""
 
     def __init__(self, address: str) -> None:
         self.address = address
-        self.actors: dict[str, Actor] = {}
-        self.gate = EnvGate()
+        self.instances = Instances(PickleCopy())
         self._gone: dict[str, None] = {}
         self._born: dict[str, asyncio.Event] = {}
         self._running = 0  # calls handed to an instance and not finished
@@ -95,7 +90,7 @@ class SlotHost:
         return find_free_port(self._node_ip)
 
     async def instance_count(self) -> int:
-        return len(self.actors)
+        return len(self.instances)
 
     # -- instances and calls -----------------------------------------------------------------
 
@@ -110,21 +105,19 @@ class SlotHost:
         seq: int,
     ) -> None:
         """Build ``cls(*args, **kwargs)`` in a new ``Actor`` with ``env`` in place."""
-        actor = Actor(ref, env, self.gate)
-        old = self.actors.pop(ref.key, None)
-        self.actors[ref.key] = actor
         self._gone.pop(ref.key, None)
+        call = Call(ref.key, driver, seq, "__init__", args, kwargs)
+        construct = self.instances.construct(ref, cls, env, call, _resolve)
+        building = asyncio.ensure_future(construct)
+        await asyncio.sleep(0)  # it has put the actor in the table: waiting calls may go on
         born = self._born.pop(ref.key, None)
         if born is not None:
             born.set()
-        if old is not None:
-            old.stop()
         try:
-            args, kwargs = await _resolve(args), await _resolve(kwargs)
-            await asyncio.wrap_future(actor.submit(driver, seq, _Construct(cls, args, kwargs)))
-        except BaseException as exc:
+            await building
+        except BaseException:
             self._forget(ref.key)
-            raise sendable(exc) from None
+            raise
 
     async def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
         """Run one method at its turn; its result, captured as the method returned.
@@ -133,39 +126,28 @@ class SlotHost:
         handles each argument of a call on its own (a quarter of a no-op call's cost).
         """
         key, driver, seq, method, args, kwargs = message
-        actor = await self._actor(key)
-        try:
-            args, kwargs = await _resolve(args), await _resolve(kwargs)
-        except BaseException as exc:
-            actor.skip(driver, seq)  # its turn passes: later calls go ahead
-            raise sendable(exc) from None
+        await self._actor(key)
         self._running += 1
         try:
-            return await asyncio.wrap_future(actor.submit(driver, seq, _Call(method, args, kwargs)))
-        except BaseException as exc:
-            raise sendable(exc) from None
+            call = Call(key, driver, seq, method, args, kwargs)
+            return await self.instances.serve(call, _resolve, _as_is)
         finally:
             self._running -= 1
 
     async def skip(self, key: str, driver: str, seq: int) -> None:
         """Call ``seq`` never came (its message could not be sent): later calls go ahead."""
-        actor = self.actors.get(key)
-        if actor is not None:
-            actor.skip(driver, seq)
+        self.instances.withdraw(key, driver, seq)
 
     async def destroy(self, key: str, driver: str, seq: int) -> None:
         """Drop the instance after the calls issued before this."""
-        actor = self.actors.get(key)
-        if actor is None:
-            return
         try:
-            await asyncio.wrap_future(actor.close(driver, seq))
+            await asyncio.wrap_future(self.instances.close(key, driver, seq))
         finally:
             self._forget(key)
 
     async def run(self, fn: Any, args: tuple, label: str) -> Any:
         """A plain function (row routing) on this host's threads, next to its inputs."""
-        values = await _resolve(args)
+        values = await _resolve_values(args)
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self._fns, lambda: fn(*values))
 
@@ -173,14 +155,14 @@ class SlotHost:
         """Drop every instance: the slot was given back, to be kept for the next pool
         (``RayBackend(reuse_processes=True)``). ``False`` when a call is still running
         (its thread would keep the process busy): the driver stops the host instead."""
-        for key in list(self.actors):
+        for key in list(self.instances.keys()):
             self._forget(key)
         return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
 
     async def _actor(self, key: str) -> Actor:
-        actor = self.actors.get(key)
+        actor = self.instances.get(key)
         if actor is not None:
             return actor
         if key not in self._gone:  # its create may still be on its way
@@ -188,7 +170,7 @@ class SlotHost:
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(born.wait(), BIRTH_WAIT_S)
             self._born.pop(key, None)
-            actor = self.actors.get(key)
+            actor = self.instances.get(key)
             if actor is not None:
                 return actor
         raise LookupError(
@@ -197,55 +179,23 @@ class SlotHost:
         )
 
     def _forget(self, key: str) -> None:
-        actor = self.actors.pop(key, None)
+        self.instances.forget(key)
         self._gone[key] = None
         while len(self._gone) > GONE_KEPT:
             self._gone.pop(next(iter(self._gone)))
-        if actor is not None:
-            actor.stop()
 
 
-class _Construct:
-    """The job that builds an instance in its actor's thread."""
-
-    method = "__init__"
-
-    def __init__(self, cls: type, args: tuple, kwargs: dict) -> None:
-        self.cls, self.args, self.kwargs = cls, args, kwargs
-
-    def __call__(self, actor: Actor) -> None:
-        if any(inspect.iscoroutinefunction(getattr(self.cls, n, None)) for n in dir(self.cls)):
-            actor.start_loop()  # the loop lives as long as the instance, from its start
-        try:
-            actor.obj = self.cls(*self.args, **self.kwargs)
-        except BaseException as exc:
-            raise annotate_error(explain_init_error(exc), actor.ref, "__init__")  # noqa: B904
+async def _as_is(value: Any) -> tuple[Any, int]:
+    """Ray serializes the result itself, once the call returns."""
+    return value, 0
 
 
-class _Call:
-    """The job that runs one method in its actor's thread; ``capture`` copies the
-    result there, before the instance's next call can change it."""
-
-    def __init__(self, method: str, args: tuple, kwargs: dict) -> None:
-        self.method, self.args, self.kwargs = method, args, kwargs
-
-    def __call__(self, actor: Actor) -> Any:
-        try:
-            return getattr(actor.obj, self.method)(*self.args, **self.kwargs)
-        except BaseException as exc:
-            raise annotate_error(exc, actor.ref, self.method)  # noqa: B904
-
-    @staticmethod
-    def capture(result: Any) -> Any:
-        if isinstance(result, _PLAIN):
-            return result
-        try:
-            return copy.deepcopy(result)
-        except Exception:  # cannot be copied: Ray serializes it as it is
-            return result
+async def _resolve(args: tuple, kwargs: dict) -> Resolved:
+    """Inputs fetched by Ray are this call's own copies: nothing the flow must copy."""
+    return await _resolve_values(args), await _resolve_values(kwargs), ()
 
 
-async def _resolve(values: Any) -> Any:
+async def _resolve_values(values: Any) -> Any:
     """A call's ``args`` or ``kwargs`` with each ``Input`` awaited (fetched by Ray from
     wherever it lives) and read-only arrays made writable."""
     if not has_inputs(values):

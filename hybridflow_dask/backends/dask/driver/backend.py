@@ -29,6 +29,7 @@ import dask
 from dask.sizeof import sizeof
 from distributed import Client, Future
 
+from ....errors import CallTimeoutError
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import (
@@ -58,8 +59,9 @@ from ..wire.device_route import (
     choose_transfer_route,
 )
 from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
-from ..worker.host import InstanceHost
-from ..worker.tasks import WorkerRunner, count_instances, probe_worker
+from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
+from ..worker.probe import probe_worker
+from ..worker.tasks import WorkerRunner, count_instances
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
@@ -68,6 +70,7 @@ from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
 from .task_path import TaskPath
+from .timeouts import timed_out
 
 __all__ = ["DaskBackend"]
 
@@ -181,7 +184,7 @@ class DaskBackend:
             else None
         )
         self._path: CallPath = self._direct or self._tasks
-        self.client.register_plugin(InstanceHost(), name="hybridflow-host")
+        self.client.register_plugin(InstancesPlugin(), name=PLUGIN_NAME)
         with dask.config.set(_owned_settings() if self._owned_cluster is not None else {}):
             register_group_monitor(self.client)  # the /hybridflow page on the dashboard
         register_worker_deaths(self.client)
@@ -376,7 +379,7 @@ class DaskBackend:
             )
         seq = self._next_seq(ref)
         future = self._path.create(ref, cls, args, kwargs, env, seq)
-        self._live.track(future, ref.slot, ref, (args, kwargs))
+        self._live.track(future, ref.slot, ref, (args, kwargs), seq)
         return future
 
     def call(
@@ -396,12 +399,16 @@ class DaskBackend:
         self._check_alive(ref.slot, ref)
         args, kwargs = _for_worker(args), _for_worker(kwargs)
         seq = self._next_seq(ref)
+        limit = call_timeout()  # the limit in force when the call is made, on every wait
+        deadline = None if limit is None else time.time() + limit
         try:
-            future = self._path.call(ref, seq, method, args, kwargs, label=label, blocking=blocking)
+            future = self._path.call(
+                ref, seq, method, args, kwargs, label=label, blocking=blocking, deadline=deadline
+            )
         except BaseException:
             self._path.skip(ref, seq)
             raise
-        self._live.track(future, ref.slot, ref, (args, kwargs))
+        self._live.track(future, ref.slot, ref, (args, kwargs), seq)
         return future
 
     def submit(
@@ -442,7 +449,7 @@ class DaskBackend:
             pending = [f for f in pending if not f.done()]
             self._live.raise_if_lost(pending)
             if limit is not None and pending and time.monotonic() - start > limit:
-                raise TimeoutError(self._live.still_running(pending, limit)) from None
+                raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
             if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
                 raise _detached(cast(BaseException, f.exception()))  # checked just above
@@ -471,6 +478,8 @@ class DaskBackend:
         ``WorkerLostError`` naming the rank, not Dask's cancellation or a wait for a
         worker that never comes back (a pinned task's result is recomputed only there)."""
         self._live.raise_if_lost(futures)
+        limit = call_timeout()
+        give_up = None if limit is None else time.monotonic() + limit
         coroutine = self.client.gather(futures, direct=True, asynchronous=True)
         running = asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
         try:
@@ -479,6 +488,12 @@ class DaskBackend:
                     return running.result(POLL_S)
                 except concurrent.futures.TimeoutError:
                     self._check_open("gather results")
+                    if give_up is not None and time.monotonic() > give_up:
+                        raise CallTimeoutError(
+                            f"fetching {len(futures)} result(s) ({_label(futures[0])}, ...) "
+                            f"took longer than hybridflow.call-timeout={limit:g}s: is the "
+                            "worker holding them stopped or hung?"
+                        ) from None
                     lost = self._live.first_lost(futures)
                     if lost is not None:
                         raise lost from None
@@ -511,8 +526,22 @@ class DaskBackend:
             return self._path.plain_result(f, _FETCH)
         return f
 
+    def future_problem(self, obj: Any) -> str | None:
+        """Why ``obj``, a Dask future, can no longer be an argument: its client closed."""
+        if isinstance(obj, Future) and getattr(obj.client, "status", None) in ("closing", "closed"):
+            return (
+                "is a future of a DaskBackend that was shut down (its client is closed), so "
+                "its result is gone; compute it again on an open backend"
+            )
+        return None
+
     def is_future(self, obj: Any) -> bool:
         return isinstance(obj, (Future, ReplyFuture))
+
+    @property
+    def closed(self) -> bool:
+        """Whether ``shutdown`` was called (the core refuses this backend's futures then)."""
+        return self._closed
 
     def alive(self, slot: Slot) -> bool:
         return not self._closed and not self._live.is_dead(slot)
@@ -798,3 +827,7 @@ def _detached(exc: BaseException) -> BaseException:
         return exc
     clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
     return clone
+
+
+def _label(future: Any) -> str:
+    return str(future.key).rsplit("-", 1)[0]

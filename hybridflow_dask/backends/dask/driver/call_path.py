@@ -53,12 +53,19 @@ class CallPath(Protocol):
         *,
         label: str,
         blocking: bool,
+        deadline: float | None = None,
     ) -> Any:
-        """Send call number ``seq``; its arguments are captured before this returns."""
+        """Send call number ``seq``; its arguments are captured before this returns.
+        ``deadline`` (``time.time()``): the worker never starts the call after it."""
         ...
 
     def skip(self, ref: InstanceRef, seq: int) -> None:
         """Call number ``seq`` will never come (or must not run): later calls go ahead."""
+        ...
+
+    def withdraw(self, ref: InstanceRef, seq: int) -> Any:
+        """Like ``skip``, answered: a future of whether the call will not run (``False``:
+        it had started)."""
         ...
 
     def destroy(self, ref: InstanceRef, seq: int) -> Any:

@@ -24,7 +24,15 @@ import socket
 import ssl
 from typing import Any
 
-__all__ = ["SchedulerUnreachableError", "open_client", "resolve_security", "validate_address"]
+from ....errors import SchedulerLostError, SchedulerUnreachableError
+
+__all__ = [
+    "SchedulerLostError",
+    "SchedulerUnreachableError",
+    "open_client",
+    "resolve_security",
+    "validate_address",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -33,46 +41,6 @@ HOST_PORT_SCHEMES = frozenset({"tcp", "tls", "ws", "wss", "ucx", "ucxx"})
 EXAMPLE = "tcp://10.0.0.5:8786"
 #: How long a Client that failed to start gets to close itself.
 DISCARD_WAIT_S = 2.0
-
-
-class SchedulerUnreachableError(ConnectionError):
-    """No Dask scheduler answered at ``address`` within ``timeout`` seconds, or TLS failed.
-
-    ``reason`` is the cause in words; a TLS one starts with ``TLS``.
-    """
-
-    def __init__(self, address: str, timeout: float, why: str) -> None:
-        self.address = address
-        self.timeout = timeout
-        self.reason = why
-        if why.startswith("TLS"):  # it says what to check; the generic advice would mislead
-            super().__init__(f"cannot connect to the Dask scheduler at {address} ({why})")
-            return
-        super().__init__(
-            f"no Dask scheduler answered at {address} within {timeout:g} s ({why}): check that "
-            "`dask scheduler` runs there and that host and port are right and reachable "
-            "from this machine (wait longer with hybridflow.connect-timeout)"
-        )
-
-
-class SchedulerLostError(ConnectionError):
-    """The Dask scheduler this backend worked with went away and did not come back within
-    ``timeout`` seconds (``hybridflow.scheduler-timeout``).
-
-    Its workers leave with it, and the groups' instances and results with them: a job
-    resumes by starting again (a new backend, new groups) from its last checkpoint.
-    """
-
-    def __init__(self, address: str, timeout: float) -> None:
-        self.address = address
-        self.timeout = timeout
-        super().__init__(
-            f"the Dask scheduler at {address} is gone (no connection for {timeout:g} s): "
-            "the worker groups on its cluster are lost with it (their instances and results "
-            "lived in workers that leave with their scheduler). Restart the job on a new "
-            "cluster from its last checkpoint; wait longer for a scheduler that restarts "
-            "with hybridflow.scheduler-timeout"
-        )
 
 
 def validate_address(address: object) -> str:

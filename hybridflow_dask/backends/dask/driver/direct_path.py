@@ -1,6 +1,6 @@
 """The direct call path (the default): the driver talks to the worker's own handlers.
 
-A call is one message from the driver to the handler the worker's ``InstanceHost`` added
+A call is one message from the driver to the handler the worker's ``InstancesPlugin`` added
 (``hf_call``), answered when the method has run: no scheduler round trip and none of
 Dask's batching intervals on the way. What the driver holds afterwards is still an
 ordinary Dask future:
@@ -25,17 +25,18 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
-import itertools
 import logging
 import threading
+import time
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any, cast
 
 from distributed import Future
-from distributed.comm import CommClosedError, connect
+from distributed.comm import CommClosedError
 from distributed.protocol.serialize import Serialized
 
+from ....errors import CallTimeoutError
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import call_timeout
@@ -44,6 +45,7 @@ from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
+from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in, lost_error
 
@@ -170,6 +172,7 @@ class DirectPath:
         *,
         label: str,
         blocking: bool,
+        deadline: float | None = None,
     ) -> Any:
         key = task_key(label)
         args, kwargs, inputs = self._placeholders(args, kwargs)
@@ -199,6 +202,7 @@ class DirectPath:
             "keep": not blocking,
             "client": self.client.id,
             "share": self._share,
+            "deadline": deadline,
         }
         message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, future)
         message.known = _nested_futures(args) + _nested_futures(kwargs)
@@ -222,6 +226,12 @@ class DirectPath:
     def skip(self, ref: InstanceRef, seq: int) -> None:
         msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
         self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], None))
+
+    def withdraw(self, ref: InstanceRef, seq: int) -> ReplyFuture:
+        answer = ReplyFuture("hf_skip")
+        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
+        self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], answer))
+        return answer
 
     def port(self, slot: Slot) -> int:
         return self._ask("hf_port", slot)
@@ -263,26 +273,27 @@ class DirectPath:
             placed = self._live.placed(future.key)
             if placed is not None:
                 by_slot.setdefault(placed[0], (placed[1], []))[1].append(future.key)
+        limit = call_timeout()
+        deadline = None if limit is None else time.time() + limit
         asked: list[tuple[Slot, ReplyFuture]] = []
         for slot, (ref, keys) in by_slot.items():
             lane = self._lane(slot)
             if lane is None:
                 continue
             answer = ReplyFuture("fetch")
-            msg = {"op": "fetch", "keys": keys}
+            msg = {"op": "fetch", "keys": keys, "deadline": deadline}
             try:
                 lane.request(msg, _Message("hf_fetch", slot, ref, None, msg, [], answer))
             except ConnectionError:
                 continue
             asked.append((slot, answer))
         values: dict[str, Any] = {}
-        limit = call_timeout()
         for slot, answer in asked:
             try:
                 values.update(answer.result(limit))
             except concurrent.futures.TimeoutError:
                 keys = by_slot[slot][1]
-                raise TimeoutError(
+                raise CallTimeoutError(
                     f"fetching {len(keys)} result(s) ({keys[0].rsplit('-', 1)[0]}, ...) from "
                     f"the worker {slot.address} took longer than hybridflow.call-timeout="
                     f"{limit:g}s; is it hung?"
@@ -363,7 +374,7 @@ class DirectPath:
                 self._lane_reply,
                 self._lane_broken,
                 same_host=self._same_host_copy,
-                send_timeout=call_timeout(),
+                send_timeout=None,  # set per request, from the call's own limit
                 limits=LaneLimits.from_config(),
                 tls=tls,
             )
@@ -482,7 +493,7 @@ class DirectPath:
         answer = ReplyFuture("hf_skip")
         msg = {"instance": message.ref.key, "driver": self.driver_id, "seq": message.seq}
         self._send(_Message("hf_skip", message.slot, message.ref, None, msg, [], answer))
-        return answer
+        return answer  # (sent now: this runs on the loop, where ``_post`` would wait a turn)
 
     async def _withdrawn(self, message: _Message, answer: ReplyFuture | None) -> WorkerLostError:
         """The error for a call whose connection broke while its worker lives on."""
@@ -614,100 +625,3 @@ def _broke_connection(error: BaseException) -> bool:
 
 def _frame_bytes(packed: Serialized) -> int:
     return sum(memoryview(frame).nbytes for frame in packed.frames)
-
-
-class Channel:
-    """One long-lived stream to a worker's ``hf_stream`` handler, shared by every message.
-
-    Messages sent in one turn of the event loop go out in one write; replies come back in
-    batches and are matched to their requests by id, each handed to its callback. Opening
-    a connection per call would cost a connect and a handshake each; keeping one per
-    worker costs neither. No task or future per message: a burst of calls costs the loop
-    one callback each.
-    """
-
-    def __init__(self, address: str, connection_args: dict) -> None:
-        self.address = address
-        self.broken = False
-        self._connection_args = connection_args
-        self._ids = itertools.count()
-        self._waiting: dict[int, tuple[Any, Callable[..., None]]] = {}
-        self._outbox: list[dict] = []
-        self._wake = asyncio.Event()
-        self._comm: Any = None
-        self.runner = asyncio.ensure_future(self._run())
-
-    def send(
-        self, msg: dict, context: Any, on_reply: Callable[[Any, dict | None, Any], None]
-    ) -> None:
-        """Send ``msg``; then ``on_reply(context, reply, None)``, or ``(context, None,
-        error)`` when the stream breaks first. Loop thread."""
-        if self.broken:
-            _deliver(context, on_reply, None, CommClosedError(f"stream to {self.address} closed"))
-            return
-        ident = next(self._ids)
-        msg["id"] = ident
-        self._waiting[ident] = (context, on_reply)
-        self._outbox.append(msg)
-        self._wake.set()
-
-    def close(self) -> None:
-        self._fail(CommClosedError(f"stream to {self.address} closed"))
-        self.runner.cancel()
-        if self._comm is not None:
-            self._comm.abort()
-
-    def _hand_over(self, replies: list[dict]) -> None:
-        """Each reply to its message's callback. A function of its own, so that nothing
-        of the last batch (its messages hold futures and sent data) stays referenced from
-        the reading loop's frame while it waits for the next one."""
-        for reply in replies:
-            waiter = self._waiting.pop(reply.pop("id"), None)
-            if waiter is not None:
-                _deliver(*waiter, reply, None)
-
-    async def _run(self) -> None:
-        try:
-            self._comm = await connect(self.address, **self._connection_args)
-            await self._comm.write({"op": "hf_stream", "reply": False})
-            reader = asyncio.ensure_future(self._read())
-            try:
-                while True:
-                    await self._wake.wait()
-                    self._wake.clear()
-                    batch, self._outbox = self._outbox, []
-                    await self._comm.write(batch)
-                    del batch  # (its data, until the next wake-up)
-            finally:
-                reader.cancel()
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._fail(exc)
-
-    async def _read(self) -> None:
-        try:
-            while True:
-                self._hand_over(await self._comm.read())
-        except asyncio.CancelledError:
-            raise
-        except BaseException as exc:
-            self._fail(exc)
-            self.runner.cancel()
-
-    def _fail(self, exc: BaseException) -> None:
-        self.broken = True
-        if self._comm is not None and not self._comm.closed():
-            self._comm.abort()
-        if not isinstance(exc, (CommClosedError, OSError)):
-            exc = CommClosedError(f"stream to {self.address} failed: {exc!r}")
-        waiting, self._waiting = self._waiting, {}
-        for context, on_reply in waiting.values():
-            _deliver(context, on_reply, None, exc)
-
-
-def _deliver(context: Any, on_reply: Callable[..., None], reply: Any, error: Any) -> None:
-    try:
-        on_reply(context, reply, error)
-    except Exception:  # a bug in handling one reply must not cost the stream the others
-        logger.exception("a reply could not be handled")

@@ -22,8 +22,8 @@ Neither end ever waits to write while it should be reading: each side's reader o
 reads and hands over (releases go out from a thread of their own, fetch replies from
 the worker's fetch threads), so two large transfers in opposite directions, or a release
 behind a large request, always make progress. Writes that make no progress for
-``send_timeout`` seconds (the driver's ``hybridflow.call-timeout``; ``STALL_TIMEOUT_S``
-on the worker) break the lane instead of blocking forever.
+``send_timeout`` seconds (the driver's ``hybridflow.call-timeout`` in force for that call;
+``STALL_TIMEOUT_S`` on the worker) break the lane instead of blocking forever.
 """
 
 from __future__ import annotations
@@ -35,6 +35,7 @@ import queue
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Callable
 from typing import Any
 
@@ -91,6 +92,7 @@ class Lane:
             raise
         self._sock.settimeout(None)
         bound_sends(self._sock, send_timeout)
+        self._send_timeout = send_timeout
         self._on_reply, self._on_broken = on_reply, on_broken
         self._limits = limits or LaneLimits()
         #: Replies copied out of the worker's memory, to release: the reader never writes.
@@ -110,7 +112,9 @@ class Lane:
             ).start()
 
     def request(self, msg: dict, context: Any) -> None:
-        """Send ``msg``; its reply goes to ``on_reply(context, reply)``.
+        """Send ``msg``; its reply goes to ``on_reply(context, reply)``. A write that makes
+        no progress until ``msg["deadline"]`` (``time.time()``: the limit in force when
+        its call was made) breaks the lane rather than block its caller for good.
 
         Raises ``ConnectionError`` when the lane is already broken (nothing was sent).
         """
@@ -122,6 +126,10 @@ class Lane:
         msg["id"] = ident
         try:
             with self._write_lock:
+                send_timeout = _remaining(msg.get("deadline"))
+                if send_timeout != self._send_timeout:
+                    bound_sends(self._sock, send_timeout)
+                    self._send_timeout = send_timeout
                 write_message(self._sock.sendall, msg, leave_in_place=self._leave_in_place)
         except OSError:
             self.close()  # the reader ends and reports this request with the others
@@ -166,3 +174,8 @@ class Lane:
             except OSError:
                 self.close()
                 return
+
+
+def _remaining(deadline: float | None) -> float | None:
+    """Seconds left until ``deadline`` (``time.time()``), at least a millisecond."""
+    return None if deadline is None else max(deadline - time.time(), 1e-3)

@@ -42,6 +42,7 @@ class Liveness:
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
         self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
         self._refs: dict[str, Any] = {}  # task key -> weak reference to its future
+        self._seqs: dict[str, int] = {}  # task key -> its call's number on its instance
 
     # -- what the backend tells us ---------------------------------------------------------
 
@@ -53,13 +54,23 @@ class Liveness:
     def hosts(self, ref: InstanceRef) -> None:
         self._hosted[ref.slot.worker_id] = ref
 
-    def track(self, future: Future, slot: Slot, ref: InstanceRef | None, args: Any) -> None:
-        """Remember where ``future``'s task runs and which processes its inputs need."""
+    def track(
+        self,
+        future: Future,
+        slot: Slot,
+        ref: InstanceRef | None,
+        args: Any,
+        seq: int | None = None,
+    ) -> None:
+        """Remember where ``future``'s task runs, which processes its inputs need and,
+        for a call, its number on its instance."""
         needs = {slot.worker_id}
         for dep in futures_in(args):
             needs |= self._tasks.get(dep.key, _NOTHING)[2]
         key = future.key
         self._tasks[key] = (slot, ref, frozenset(needs))
+        if seq is not None:
+            self._seqs[key] = seq
         # A weak reference with a callback, not weakref.finalize: finalize keeps a global
         # registry and costs several times more, on every call. The callback fires only
         # while this reference is stored, so a newer Future of the same key replaces it.
@@ -70,6 +81,7 @@ class Liveness:
 
     def _forget(self, key: str) -> None:
         self._tasks.pop(key, None)
+        self._seqs.pop(key, None)
         self._refs.pop(key, None)
 
     def on_worker_removed(self, event: Any) -> str | None:
@@ -103,6 +115,12 @@ class Liveness:
         return found
 
     # -- questions ---------------------------------------------------------------------------
+
+    def issued(self, fut: Any) -> tuple[InstanceRef, int] | None:
+        """The instance and number of the call behind ``fut``, if it is a call."""
+        ref = self._tasks.get(fut.key, _NOTHING)[1]
+        seq = self._seqs.get(fut.key)
+        return None if ref is None or seq is None else (ref, seq)
 
     def is_dead(self, slot: Slot) -> bool:
         return slot.worker_id in self._dead
@@ -187,16 +205,6 @@ class Liveness:
                 if fut is not None and not fut.done():
                     found.append(fut)
         return found
-
-    def still_running(self, pending: Sequence[Future], limit: float) -> str:
-        where = []
-        for fut in pending[:4]:
-            ref = self._tasks.get(fut.key, _NOTHING)[1]
-            where.append(f"{_label(fut)} on rank {ref.rank}" if ref else _label(fut))
-        return (
-            f"{len(pending)} call(s) still running after hybridflow.call-timeout={limit:g}s: "
-            f"{', '.join(where)}; is a worker hung?"
-        )
 
 
 def lost_error(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:

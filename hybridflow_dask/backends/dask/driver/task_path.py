@@ -16,8 +16,11 @@ with teardowns, which finish in a millisecond, on a busy machine).
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import itertools
 import logging
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -25,6 +28,7 @@ from dask.sizeof import sizeof
 from distributed import Future
 from distributed.comm import CommClosedError
 
+from ....errors import CallTimeoutError
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot
 from ..config import scatter_threshold
@@ -89,10 +93,14 @@ class TaskPath:
         *,
         label: str,
         blocking: bool,
+        deadline: float | None = None,
     ) -> Future:
-        private = () if self._share else _shared_positions(args, kwargs)
+        private = _shared_positions(args, kwargs)
         what = f"the arguments of {label} for rank {ref.rank}"
-        args, kwargs = self._ship(args, ref, what), self._ship(kwargs, ref, what)
+        args, kwargs = (
+            self._ship(args, ref, what, deadline),
+            self._ship(kwargs, ref, what, deadline),
+        )
         future = self.submit(
             run_call,
             ref,
@@ -103,6 +111,7 @@ class TaskPath:
             kwargs,
             private,
             self._share,
+            deadline,
             label=label,
             slot=ref.slot,
             ref=ref,
@@ -138,20 +147,24 @@ class TaskPath:
         if self._closed or self._live.is_dead(ref.slot):
             return
         try:
-            skipping = self.client.submit(
-                skip_call,
-                ref.key,
-                self.driver_id,
-                seq,
-                workers=[ref.slot.address],
-                allow_other_workers=False,
-                pure=False,
-                key=task_key(f"{ref.group}.__skip__"),
-                priority=1_000_000,
-            )
-            self._hold(skipping)
+            self.withdraw(ref, seq)
         except Exception:  # the client is closing
             logger.debug("could not send skip for %s seq %d", ref.name, seq)
+
+    def withdraw(self, ref: InstanceRef, seq: int) -> Future:
+        withdrawing = self.client.submit(
+            skip_call,
+            ref.key,
+            self.driver_id,
+            seq,
+            workers=[ref.slot.address],
+            allow_other_workers=False,
+            pure=False,
+            key=task_key(f"{ref.group}.__skip__"),
+            priority=1_000_000,
+        )
+        self._hold(withdrawing)
+        return withdrawing
 
     def close(self) -> None:
         self._closed = True
@@ -182,15 +195,17 @@ class TaskPath:
             self._live.track(future, slot, ref, args)
         return future
 
-    def _ship(self, values: Any, ref: InstanceRef, what: str) -> Any:
+    def _ship(self, values: Any, ref: InstanceRef, what: str, deadline: float | None = None) -> Any:
         """Driver values as a task takes them, captured now: large ones scattered straight
         to ``ref``'s worker (never via the graph), small ones serialized into the graph."""
         threshold = scatter_threshold()
         if isinstance(values, dict):
-            return {k: self._ship_one(v, ref, threshold, what) for k, v in values.items()}
-        return tuple(self._ship_one(v, ref, threshold, what) for v in values)
+            return {k: self._ship_one(v, ref, threshold, what, deadline) for k, v in values.items()}
+        return tuple(self._ship_one(v, ref, threshold, what, deadline) for v in values)
 
-    def _ship_one(self, value: Any, ref: InstanceRef, threshold: int, what: str) -> Any:
+    def _ship_one(
+        self, value: Any, ref: InstanceRef, threshold: int, what: str, deadline: float | None
+    ) -> Any:
         if isinstance(value, (Future, DataProtoFuture)) or is_plain(value):
             return value  # a DataProtoFuture: the rank resolves it (materialize_futures=False)
         if futures_in([value]):  # Dask resolves the futures inside it where the task runs
@@ -199,10 +214,23 @@ class TaskPath:
         if size < threshold:
             return Captured(value, what)
         self._counts["scattered"] += size
-        try:
-            return self.client.scatter(
-                [value], workers=[ref.slot.address], direct=True, hash=False
-            )[0]
+        limit = None if deadline is None else max(deadline - time.time(), 1e-3)
+        scattering = asyncio.run_coroutine_threadsafe(
+            self.client.scatter(
+                [value], workers=[ref.slot.address], direct=True, hash=False, asynchronous=True
+            ),
+            self.client.loop.asyncio_loop,
+        )
+        try:  # (Dask's own scatter timeout does not bound a direct scatter)
+            return scattering.result(limit)[0]
+        except concurrent.futures.TimeoutError as exc:  # (before OSError: it is one)
+            scattering.cancel()
+            raise CallTimeoutError(
+                f"sending {what} to its worker {ref.slot.address} took longer than "
+                "hybridflow.call-timeout: is the worker stopped or hung? The call was not "
+                "made, and will not run",
+                queued=(ref.rank,),
+            ) from exc
         except (CommClosedError, OSError) as exc:
             if self._closed:
                 raise RuntimeError("the backend was shut down while sending arguments") from exc

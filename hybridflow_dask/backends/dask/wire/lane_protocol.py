@@ -34,6 +34,7 @@ import struct
 
 from distributed.comm.addressing import parse_address, parse_host_port
 
+from ....errors import LaneRefused
 from .same_host import Probe, can_read, supported
 
 __all__ = [
@@ -41,7 +42,6 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "RELEASE",
     "STALL_TIMEOUT_S",
-    "LaneRefused",
     "bound_sends",
     "drop",
     "is_tls",
@@ -68,10 +68,6 @@ _CLAIM = struct.Struct(f"!{TOKEN_ID_BYTES}s{NONCE_BYTES}s{_PROOF_BYTES}s")
 _ANSWER = struct.Struct(f"!{_PROOF_BYTES}s?")
 _YES = struct.Struct("!?")
 RELEASE = "release"
-
-
-class LaneRefused(ConnectionError):
-    """The other end of a lane did not prove the token (or broke off while opening)."""
 
 
 def new_token() -> tuple[bytes, bytes]:
@@ -174,12 +170,13 @@ def nodelay(sock: socket.socket) -> socket.socket:
 
 
 def bound_sends(sock: socket.socket, seconds: float | None) -> None:
-    """A blocking send that makes no progress for ``seconds`` raises ``OSError``; reads
-    on the same socket stay unbounded (an idle lane is not a broken one)."""
-    if seconds:
-        whole = int(seconds)
-        timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
+    """A blocking send that makes no progress for ``seconds`` raises ``OSError`` (``None``
+    or 0: never); reads on the same socket stay unbounded (an idle lane is not a broken
+    one)."""
+    seconds = max(seconds, 1e-3) if seconds else 0.0  # a zero timeval means "never"
+    whole = int(seconds)
+    timeval = struct.pack("ll", whole, int((seconds - whole) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, timeval)
 
 
 def drop(conn: socket.socket) -> None:

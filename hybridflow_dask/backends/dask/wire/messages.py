@@ -20,6 +20,7 @@ from typing import Any, Protocol, cast
 
 from distributed.protocol.serialize import Serialized, deserialize, serialize
 
+from ....errors import ProtocolError
 from ....protocol.large_memory import take
 from .same_host import address_of, pull
 
@@ -29,7 +30,6 @@ __all__ = [
     "LEAVE_MIN",
     "Framed",
     "LaneLimits",
-    "ProtocolError",
     "is_plain",
     "pack",
     "plain_call",
@@ -161,10 +161,6 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     if small:
         write(b"".join(small))
     return [frame for frame, keep in zip(frames, left) if keep]
-
-
-class ProtocolError(ValueError):
-    """A message that breaks the lane's framing or its limits: its sender is dropped."""
 
 
 @dataclass(frozen=True)

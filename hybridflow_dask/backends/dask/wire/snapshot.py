@@ -33,7 +33,7 @@ from ....protocol.large_memory import LARGE_BYTES, take
 from . import device_route
 from .messages import is_plain, pack
 
-__all__ = ["Captured", "own_frames", "snapshot"]
+__all__ = ["Captured", "SerializerCopy", "own_frames", "snapshot"]
 
 
 def own_frames(packed: Serialized) -> Serialized:
@@ -67,6 +67,13 @@ def snapshot(value: Any, what: str) -> Any:
         return value
     packed = pack(value, what, back=True, serializers=device_route.serializers())
     return deserialize(packed.header, [_own(f) for f in packed.frames])
+
+
+class SerializerCopy:
+    """The Dask backend's copy policy (``hosting.CopyPolicy``): ``snapshot``."""
+
+    def copy(self, value: Any, what: str) -> Any:
+        return snapshot(value, what)
 
 
 class Captured:

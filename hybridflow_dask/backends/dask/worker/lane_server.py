@@ -25,19 +25,19 @@ from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any
 
+from ....errors import LaneRefused, ProtocolError
 from ..wire.lane_protocol import (
     BUFFER,
     CONNECT_TIMEOUT_S,
     RELEASE,
     STALL_TIMEOUT_S,
-    LaneRefused,
     bound_sends,
     drop,
     new_token,
     nodelay,
     open_as_worker,
 )
-from ..wire.messages import LaneLimits, ProtocolError, read_message, write_message
+from ..wire.messages import LaneLimits, read_message, write_message
 from ..wire.tls import TLSChannel
 
 __all__ = ["LaneServer"]

@@ -1,7 +1,8 @@
 """The task path's worker side: functions Dask runs as tasks pinned to the rank's worker.
 
-Each hands its job to the instance's actor (the same thread, order and environment as a
-direct call) and waits off the worker's thread pool; plus the small probes the driver
+Each hands its call to the one call flow (``hosting.Instances``: the same look-up, order,
+copies, thread and environment as a direct call) and waits off the worker's thread pool;
+plus the small probes the driver
 runs on workers (``client.run``) and the runner that resolves a ``DataProtoFuture`` inside
 a worker.
 """
@@ -13,76 +14,67 @@ from typing import Any
 from distributed import Future, get_client, get_worker, rejoin, secede
 
 from ...base import InstanceRef
-from ...hosting import find_free_port, sendable
+from ...hosting import Call, Instances, find_free_port
 from ..internals import adopt_future
 from ..wire.keys import task_key
-from ..wire.snapshot import Captured, snapshot
-from .call_log import CallRecord
-from .host import PLUGIN_NAME, InstanceHost
-from .jobs import Construct, Invoke
+from ..wire.snapshot import Captured
+from .plugin import PLUGIN_NAME, InstancesPlugin
 
 __all__ = [
     "WorkerRunner",
     "count_instances",
-    "count_visible_gpus",
     "create_instance",
     "destroy_instance",
-    "probe_worker",
     "run_call",
     "skip_call",
     "worker_port",
 ]
 
 
-def _host() -> InstanceHost:
+def _instances() -> Instances:
     try:
-        return get_worker().plugins[PLUGIN_NAME]
+        plugin: InstancesPlugin = get_worker().plugins[PLUGIN_NAME]
     except (KeyError, ValueError):
         raise RuntimeError(
-            "this Dask worker has no hybridflow host plugin; was it started after the "
+            "this Dask worker has no hybridflow instances plugin; was it started after the "
             "DaskBackend registered it, on a cluster the backend can reach?"
         ) from None
+    return plugin.instances
 
 
-def _begin(host: InstanceHost, ref: InstanceRef, method: str) -> CallRecord:
-    """The call's record; its inputs were fetched by Dask before the task started (Dask's
-    task stream draws that, and this task's span)."""
-    record = host.calls.begin(ref, str(get_worker().get_current_task()), method, path="task")
-    record.inputs = record.received
-    return record
-
-
-def _await_off_pool(future: Any, record: CallRecord | None = None) -> Any:
-    """Wait for an actor's outcome without holding a task thread its inputs may need."""
+def _await_off_pool(future: Any) -> Any:
+    """Wait for an outcome without holding a task thread its inputs may need."""
     secede()
     try:
-        result = future.result()
+        return future.result()
     except BaseException as exc:
-        error = sendable(exc)
-    else:
-        if record is not None:
-            _host().calls.end(record)
-        return result
+        error = exc
     finally:
         rejoin()
-    if record is not None:
-        _host().calls.end(record, error)
     raise error  # outside the handler: Dask pickles a raised error's context too
+
+
+def _opened(private: tuple) -> Any:
+    """The task's arguments, its driver values opened; Dask fetched its input futures
+    into this worker's memory (``private``: the arguments holding them), where other
+    tasks may get the very same objects, so the call flow copies them."""
+
+    def resolve(args: tuple, kwargs: dict) -> Any:
+        return Captured.opened(args), Captured.opened(kwargs), private
+
+    return resolve
+
+
+def _task_key() -> str:
+    return str(get_worker().get_current_task())
 
 
 def create_instance(
     ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, driver: str, seq: int
 ) -> None:
     """Build the instance (in its own actor thread) with the rank's environment."""
-    host = _host()
-    actor = host.new_actor(ref, env)
-    record = _begin(host, ref, "__init__")
-    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
-    try:
-        _await_off_pool(actor.submit(driver, seq, Construct(cls, args, kwargs, record)), record)
-    except BaseException:
-        host.forget(ref.key)
-        raise
+    call = Call(ref.key, driver, seq, "__init__", args, kwargs, key=_task_key(), path="task")
+    _await_off_pool(_instances().construct_now(ref, cls, env, call, _opened(())))
 
 
 def run_call(
@@ -94,35 +86,23 @@ def run_call(
     kwargs: dict,
     private: tuple = (),
     share: bool = False,
+    deadline: float | None = None,
 ) -> Any:
-    """One call; ``private`` lists the arguments that are shared data to copy first, and
-    ``share`` keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
-    host = _host()
-    actor = host.actor(ref.key)  # gone (group shut down): fail now rather than wait a turn
-    record = _begin(host, ref, method)
-    args, kwargs = Captured.opened(args), Captured.opened(kwargs)
-    if private:
-        what = f"an input of {ref.group}.{method}"
-        args = tuple(snapshot(a, what) if i in private else a for i, a in enumerate(args))
-        kwargs = {k: snapshot(v, what) if k in private else v for k, v in kwargs.items()}
-    invoke = Invoke(method, args, kwargs, snapshot=not share, record=record)
-    return _await_off_pool(actor.submit(driver, seq, invoke), record)
+    """One call; ``private`` lists the arguments that hold input futures, and ``share``
+    keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
+    call = Call(ref.key, driver, seq, method, args, kwargs, "kept", share, deadline, _task_key())
+    call.path = "task"
+    return _await_off_pool(_instances().serve_now(call, _opened(private)))
 
 
 def destroy_instance(ref: InstanceRef, driver: str, seq: int) -> None:
-    host = _host()
-    actor = host.actors.get(ref.key)
-    if actor is None:
-        return
-    try:
-        _await_off_pool(actor.close(driver, seq))
-    finally:
-        host.forget(ref.key)
+    _await_off_pool(_instances().close(ref.key, driver, seq))
 
 
-def skip_call(instance: str, driver: str, seq: int) -> None:
-    """A call that will never run (its input failed): let later calls go ahead."""
-    _host().skip(instance, driver, seq)
+def skip_call(instance: str, driver: str, seq: int) -> bool:
+    """A call that must not run (its input failed, or its driver reported it failed):
+    later calls go ahead. Whether it is sure not to run."""
+    return _instances().withdraw(instance, driver, seq)
 
 
 class WorkerRunner:
@@ -148,8 +128,8 @@ def _client() -> Any:
 
 def count_instances(dask_worker: Any) -> int:
     """How many instances live in this worker process (any backend's)."""
-    host = dask_worker.plugins.get(PLUGIN_NAME)
-    return len(host.actors) if host is not None else 0
+    plugin = dask_worker.plugins.get(PLUGIN_NAME)
+    return len(plugin.instances) if plugin is not None else 0
 
 
 def worker_port(dask_worker: Any) -> int:
@@ -157,70 +137,3 @@ def worker_port(dask_worker: Any) -> int:
     from distributed.comm.addressing import get_address_host
 
     return find_free_port(get_address_host(dask_worker.address))
-
-
-def count_visible_gpus(visible: str | None, nvml_gpus: int | None) -> int | None:
-    """How many GPUs CUDA will show a process with ``CUDA_VISIBLE_DEVICES=visible`` on a
-    host where NVML sees ``nvml_gpus`` (``None``: NVML unknown, so this cannot tell).
-
-    CUDA's reading: entries up to the first that names no GPU (an index out of range, a
-    negative or repeated one); ``GPU-``/``MIG-`` UUIDs are taken as named; unset means all.
-    """
-    if nvml_gpus is None:
-        return None
-    if nvml_gpus == 0 or visible is None:
-        return nvml_gpus
-    seen: list[str] = []
-    for entry in (e.strip() for e in visible.split(",")):
-        if entry.startswith(("GPU-", "MIG-")):
-            ok = True
-        else:
-            ok = entry.isdigit() and int(entry) < nvml_gpus
-        if not ok or entry in seen:
-            break
-        seen.append(entry)
-    return len(seen)
-
-
-def _nvml_gpus() -> int | None:
-    """GPUs NVML sees on this host, when NVML answers and torch was built with CUDA."""
-    try:
-        import pynvml
-        import torch
-
-        if torch.version.cuda is None:
-            return None
-        pynvml.nvmlInit()
-        try:
-            return int(pynvml.nvmlDeviceGetCount())
-        finally:
-            pynvml.nvmlShutdown()
-    except Exception:
-        return None
-
-
-def probe_worker(dask_worker: Any) -> dict:
-    """What this worker offers (its GPUs as this process sees them), and its identity.
-
-    Counted from ``CUDA_VISIBLE_DEVICES`` and NVML, without starting CUDA in the worker:
-    CUDA reads ``CUDA_VISIBLE_DEVICES`` once, when a process first uses it, so the first
-    rank's environment (its ``CUDA_VISIBLE_DEVICES`` in local-rank order, where
-    ``cuda:LOCAL_RANK`` is its GPU) must be in place by then, not dask-cuda's order for
-    the worker (its own GPU first). Without NVML, torch counts (and starts CUDA).
-    """
-    import os
-
-    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
-    gpus = count_visible_gpus(visible, _nvml_gpus())
-    if gpus is None:
-        try:
-            import torch
-
-            gpus = torch.cuda.device_count()
-        except Exception:  # no torch or no driver: a CPU worker
-            gpus = 0
-    device = "cpu"
-    if gpus:
-        first = (visible or "0").split(",")[0].strip()
-        device = f"cuda:{first}"
-    return {"gpus": gpus, "device": device, "worker_id": dask_worker.id}

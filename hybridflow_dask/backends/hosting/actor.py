@@ -1,23 +1,26 @@
-"""One instance on a Dask worker, hosted the way a Ray actor is hosted.
+"""One instance in a shared process, hosted the way a Ray actor is hosted.
 
 A Ray actor has a thread of its own, an event loop that lives as long as it does, an
 environment that is its process's, and inputs nobody else can change. Instances here
-share a Dask worker process with the worker's event loop, its task threads and any
-colocated instances, so each ``Actor`` provides those things explicitly:
+share a process with its transport (a Dask worker's event loop and task threads, a Ray
+actor's loop) and with colocated instances, so each ``Actor`` provides those explicitly:
 
 - **its own thread**: ``__init__`` and every ``def`` method run there, one at a time, in
   the order the driver issued them (a per-driver sequence number; calls that arrive early
-  wait in a table until their turn, calls that will never come are skipped);
+  wait in a table until their turn, calls that will never come are skipped, and a call
+  whose deadline passed before its turn came is refused: its driver has reported it
+  failed, or is about to);
 - **its own event loop**, started with the instance when its class has ``async def``
   methods (or at the first awaitable a method returns) and stopped when it is destroyed:
-  background tasks keep running between calls; coroutine calls start in issue order and
-  overlap, up to ``MAX_CONCURRENCY`` at once, as on an async Ray actor;
+  background tasks keep running between calls; a coroutine call's body starts before
+  the instance's next call does (the thread waits for its first step), and coroutine
+  calls then overlap, up to ``MAX_CONCURRENCY`` at once, as on an async Ray actor;
 - **its own environment**: an ``EnvGate`` shared by the process puts the instance's
   variables in ``os.environ`` and lets calls of instances with the very same variables
   (the colocated ranks of one pool) run together, while an instance with other variables
   waits until they are done.
 
-Copies of inputs are made by the caller (``host``), which knows where each came from.
+Copies of inputs are made by ``serve``, which knows where each came from.
 """
 
 from __future__ import annotations
@@ -30,15 +33,15 @@ import inspect
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
-from ...base import InstanceRef
-from ...hosting import EnvSwitch, annotate_error
-from ..internals import enter_worker
-from . import rank_output
+from ...errors import CallTimeoutError, CallWithdrawnError
+from ..base import InstanceRef
+from .environment import EnvGate
+from .failures import annotate_error
 
-__all__ = ["MAX_CONCURRENCY", "Actor", "EnvGate", "release_device_memory"]
+__all__ = ["MAX_CONCURRENCY", "Actor", "release_device_memory"]
 
 #: How many coroutine calls of one instance may run at once (Ray's default for async actors).
 MAX_CONCURRENCY = 1000
@@ -60,38 +63,6 @@ def release_device_memory() -> None:
     torch.cuda.empty_cache()
 
 
-class EnvGate:
-    """Whose variables are in ``os.environ``; callers with equal variables share it.
-
-    One per worker process. Calls of instances whose environments are equal run at the
-    same time without any switching; a call that needs other variables waits until the
-    running ones finish, then switches. So no call ever sees a colocated instance's
-    variables, and the common case (one pool, one rank environment) costs a lock.
-    """
-
-    def __init__(self) -> None:
-        self._cond = threading.Condition()
-        self._switch = EnvSwitch()
-        self._current: frozenset | None = None
-        self._active = 0
-
-    @contextlib.contextmanager
-    def use(self, env: dict[str, str]) -> Iterator[None]:
-        wanted = frozenset(env.items())
-        with self._cond:
-            self._cond.wait_for(lambda: self._active == 0 or self._current == wanted)
-            if self._current != wanted:
-                self._switch.switch(env)
-                self._current = wanted
-            self._active += 1
-        try:
-            yield
-        finally:
-            with self._cond:
-                self._active -= 1
-                self._cond.notify_all()
-
-
 class _Order:
     """Calls of one driver to one instance, by sequence number."""
 
@@ -101,12 +72,21 @@ class _Order:
         #: Numbers withdrawn by the driver (failed calls: few), so a late copy never runs.
         self.skipped: set[int] = set()
 
-    def pop_ready(self) -> Any:
+    def pop_ready(self, now: float, refused: list) -> Any:
+        """The next call to run, if its turn came; calls whose deadline passed on the way
+        are withdrawn (into ``refused``, failed by the caller outside the lock)."""
         while self.next in self.waiting:
-            job = self.waiting.pop(self.next)
+            seq = self.next
+            entry = self.waiting.pop(seq)
             self.next += 1
-            if job is not _SKIP:
-                return job
+            if entry is _SKIP:
+                continue
+            deadline = entry[2]
+            if deadline is not None and now >= deadline:
+                self.skipped.add(seq)
+                refused.append((entry[1], seq))
+                continue
+            return entry
         return None
 
 
@@ -114,10 +94,16 @@ class Actor:
     """One instance: its thread, its loop, its call order, its environment."""
 
     def __init__(
-        self, ref: InstanceRef, env: dict[str, str], gate: EnvGate, worker: Any = None
+        self,
+        ref: InstanceRef,
+        env: dict[str, str],
+        gate: EnvGate,
+        enter: Callable[[Actor], None] | None = None,
     ) -> None:
         self.ref = ref
-        self.worker = worker
+        #: Run first in each of the instance's threads (the transport's context for user
+        #: code: Dask's ``get_worker()``, the worker's log page).
+        self._enter = enter
         self.env = dict(env)
         self.obj: Any = None
         self._gate = gate
@@ -130,15 +116,21 @@ class Actor:
         self._thread = threading.Thread(target=self._serve, name=f"hf-{ref.name}", daemon=True)
         self._thread.start()
 
-    # -- what the host asks ---------------------------------------------------------------
+    # -- what the table asks ----------------------------------------------------------------
 
     def submit(
-        self, driver: str, seq: int, job: Callable[[Actor], Any]
+        self,
+        driver: str,
+        seq: int,
+        job: Callable[[Actor], Any],
+        deadline: float | None = None,
     ) -> concurrent.futures.Future:
         """Run ``job`` (given the instance) at its turn; the future holds its outcome.
 
         A call whose number was skipped (before or after it arrived) never runs: the
-        driver has reported it failed.
+        driver has reported it failed. Nor does one whose ``deadline`` (``time.time()``,
+        the driver's call-timeout) passed before its turn came: the driver reports it
+        failed at that moment, without waiting for word from here.
         """
         future: concurrent.futures.Future = concurrent.futures.Future()
         with self._cond:
@@ -149,7 +141,7 @@ class Actor:
             if seq < order.next or seq in order.skipped:
                 future.set_exception(self._withdrawn(seq))
                 return future
-            order.waiting[seq] = (job, future)
+            order.waiting[seq] = (job, future, deadline, seq, order)
             self._cond.notify()
         return future
 
@@ -182,35 +174,54 @@ class Actor:
     # -- the instance's thread ------------------------------------------------------------
 
     def _serve(self) -> None:
-        self._enter_worker()
+        if self._enter is not None:
+            self._enter(self)
         while True:
+            refused: list = []
             with self._cond:
-                entry = self._cond.wait_for(self._next_job)
+                entry = self._cond.wait_for(lambda r=refused: self._next_job(r))  # type: ignore[misc]
+            for late, seq in refused:
+                late.set_exception(self._late(seq))
             if entry is _CLOSE:
                 return
-            job, future = entry
+            if entry is True:  # only refused calls: nothing to run
+                continue
+            job, future, deadline, seq, order = entry
             if job is _CLOSE:
                 self._finish_close(future)
                 return
             if future.set_running_or_notify_cancel():
-                self._run(job, future)
+                self._run(job, future, deadline, seq, order)
             # Nothing of this call (its inputs, its result) may stay referenced from this
             # frame while the thread waits for the next one.
             entry = job = future = None
 
-    def _next_job(self) -> Any:
+    def _next_job(self, refused: list) -> Any:
         if self._closing:
             return _CLOSE
+        now = time.time()
         for order in self._orders.values():
-            entry = order.pop_ready()
+            entry = order.pop_ready(now, refused)
             if entry is not None:
                 return entry
-        return None
+        return True if refused else None  # wake up to fail the refused ones
 
-    def _run(self, job: Callable[[Actor], Any], future: concurrent.futures.Future) -> None:
+    def _run(
+        self,
+        job: Callable[[Actor], Any],
+        future: concurrent.futures.Future,
+        deadline: float | None,
+        seq: int,
+        order: _Order,
+    ) -> None:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
         try:
             with self._gate.use(self.env):  # waiting here for another environment is queue
+                if deadline is not None and time.time() >= deadline:
+                    with self._cond:  # so that a later withdrawal hears it did not run
+                        order.skipped.add(seq)
+                    future.set_exception(self._late(seq))
+                    return
                 if record is not None:
                     record.start = time.time()
                 result = job(self)
@@ -242,7 +253,8 @@ class Actor:
         ready = threading.Event()
 
         def serve() -> None:
-            self._enter_worker()
+            if self._enter is not None:
+                self._enter(self)
             asyncio.set_event_loop(loop)
             self._slots = asyncio.Semaphore(MAX_CONCURRENCY)
             loop.call_soon(ready.set)
@@ -262,13 +274,21 @@ class Actor:
         ready.wait()
 
     def _start_coroutine(self, awaitable: Any, future: concurrent.futures.Future, job: Any) -> None:
+        """Hand a coroutine to the instance's loop and wait until its body has run to its
+        first ``await`` (or to its end): the instance's next call starts after that, as on
+        a Ray async actor. Only then do calls overlap."""
         self.start_loop()
         method = getattr(job, "method", "<coroutine>")
+        stepped = threading.Event()
 
         async def run() -> Any:
             assert self._slots is not None
-            async with self._slots:
-                return await _Gated(awaitable, lambda: self._gate.use(self.env))
+            try:
+                async with self._slots:
+                    gated = _Gated(awaitable, lambda: self._gate.use(self.env), stepped.set)
+                    return await gated
+            finally:
+                stepped.set()  # (cancelled before its first step)
 
         def done(task: concurrent.futures.Future) -> None:
             _stopped(getattr(job, "record", None))
@@ -281,6 +301,7 @@ class Actor:
 
         assert self._loop is not None
         asyncio.run_coroutine_threadsafe(run(), self._loop).add_done_callback(done)
+        stepped.wait()
 
     def _stop_loop(self) -> None:
         loop, thread = self._loop, self._loop_thread
@@ -292,13 +313,6 @@ class Actor:
                 thread.join(timeout=5)
 
     # -- helpers ------------------------------------------------------------------------------
-
-    def _enter_worker(self) -> None:
-        """This thread belongs to the worker: ``get_worker()``, ``get_client()`` and
-        ``worker_client()`` work in the instance's methods, as in a Dask actor's."""
-        if self.worker is not None:
-            enter_worker(self.worker)
-            rank_output.enter(f"{self.ref.group}[{self.ref.rank}]", self.worker)
 
     def _drop_waiting(self) -> None:
         """Close for good: calls still waiting for their turn fail (hold ``_cond``)."""
@@ -315,10 +329,17 @@ class Actor:
             order = self._orders[driver] = _Order()
         return order
 
-    def _withdrawn(self, seq: int) -> RuntimeError:
-        return RuntimeError(
+    def _withdrawn(self, seq: int) -> CallWithdrawnError:
+        return CallWithdrawnError(
             f"call {seq} on {self.ref.name} was withdrawn by its driver (reported failed "
             "there), so it does not run"
+        )
+
+    def _late(self, seq: int) -> CallTimeoutError:
+        return CallTimeoutError(
+            f"call {seq} on {self.ref.name} did not start: its hybridflow.call-timeout "
+            "passed while it waited for its turn (its driver reports it failed), so it "
+            "does not run"
         )
 
     def _gone(self) -> LookupError:
@@ -347,21 +368,28 @@ def _settle(future: concurrent.futures.Future, job: Any, result: Any) -> None:
 
 
 class _Gated:
-    """Awaits a coroutine with its instance's environment in place during every step."""
+    """Awaits a coroutine with its instance's environment in place during every step;
+    ``stepped`` is called once its first step is over (it awaits, or it ended)."""
 
-    def __init__(self, awaitable: Any, use_env: Callable[[], Any]) -> None:
+    def __init__(
+        self, awaitable: Any, use_env: Callable[[], Any], stepped: Callable[[], None]
+    ) -> None:
         self._it = awaitable.__await__()
         self._use_env = use_env
+        self._stepped = stepped
 
     def __await__(self) -> Any:
         value: Any = None
         error: BaseException | None = None
         while True:
-            with self._use_env():
-                try:
-                    step = self._it.throw(error) if error is not None else self._it.send(value)
-                except StopIteration as stop:
-                    return stop.value
+            try:
+                with self._use_env():
+                    try:
+                        step = self._it.throw(error) if error is not None else self._it.send(value)
+                    except StopIteration as stop:
+                        return stop.value
+            finally:
+                self._stepped()
             try:
                 value, error = (yield step), None
             except BaseException as exc:  # cancellation and errors go into the coroutine

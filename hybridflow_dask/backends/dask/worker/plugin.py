@@ -1,22 +1,17 @@
-"""The worker side of the Dask backend: a plugin that hosts instances as actors.
+"""The worker side of the Dask backend: a plugin whose instances serve calls.
 
-Each Dask worker process gets one ``InstanceHost`` (a ``WorkerPlugin``). It keeps an
-``Actor`` per instance (its own thread, loop, call order and environment; see ``actor``)
-and takes calls two ways, both into the same per-instance order:
+Each Dask worker process gets one ``InstancesPlugin`` (a ``WorkerPlugin``). Its instances
+live in the backend-neutral ``hosting.Instances`` (an actor each: thread, order, loop,
+environment), and every call, however it came, goes through that one flow. This module
+only translates Dask's transports into calls and their outcomes back:
 
-- **direct** (the default path): the driver's message reaches a handler this plugin adds
-  to the worker (``hf_call`` and friends). The handler runs on the worker's event loop
-  only long enough to fetch inputs and hand the call to the actor; a blocking call's
-  result goes back in the reply, a non-blocking one stays in this worker's memory,
-  registered with the scheduler as an ordinary Dask key. Blocking calls without future
-  inputs skip the event loop altogether: they arrive on the plugin's socket lane
-  (``lane_server``) and their replies leave from the actor's thread;
-- **task** (``hybridflow.call-path: task``): the call is a Dask task pinned to this worker
-  (``tasks.run_call``) that hands the call to the actor and waits off the worker's pool.
-
-Inputs that were already in this process (a colocated producer's result) are copied
-before the method sees them, so a consumer changing its input in place never changes the
-producer's stored result (``hybridflow.share-colocated-inputs`` turns that off).
+- **Dask's comm** (the direct path's default): the driver's message reaches a handler
+  this plugin adds to the worker (``hf_call`` and friends); a non-blocking call's result
+  stays in this worker's memory, registered with the scheduler as an ordinary Dask key,
+  a blocking one's goes back in the reply;
+- **the socket lane** (``lane_server``): blocking calls without future inputs, answered
+  from the instance's thread, no event loop involved;
+- **Dask tasks** (``hybridflow.call-path: task``): see ``tasks``.
 """
 
 from __future__ import annotations
@@ -29,10 +24,9 @@ import logging
 import os
 import sys
 import threading
-import time
 import weakref
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 from distributed.comm import CommClosedError
 from distributed.core import Status
@@ -40,32 +34,31 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
 from ...base import InstanceRef
-from ...hosting import find_free_port, sendable
+from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendable
 from ..config import apply_buffer_cache, freeze_gc
-from ..internals import add_handlers, fetch_keys, register_keys
+from ..internals import add_handlers, dont_reply, enter_worker, fetch_keys, register_keys
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
 from ..wire.keys import InputKey, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, pack, unpack
-from ..wire.snapshot import snapshot
-from .actor import Actor, EnvGate
+from ..wire.snapshot import SerializerCopy
+from . import rank_output
 from .call_log import CallLog
-from .jobs import Construct, Invoke
 from .lane_server import LaneServer
 
-__all__ = ["PLUGIN_NAME", "InstanceHost", "Registrar"]
+__all__ = ["PLUGIN_NAME", "InstancesPlugin", "Registrar"]
 
 logger = logging.getLogger(__name__)
 
-PLUGIN_NAME = "hybridflow-host"
+PLUGIN_NAME = "hybridflow-instances"
 #: How long a fetch on the socket lane waits for the worker's event loop.
 FETCH_TIMEOUT_S = 60.0
 #: Threads that write fetched results to lanes (the lanes' readers never write them).
 FETCH_THREADS = 2
 
 
-class InstanceHost(WorkerPlugin):
-    """Instances living in this worker process, each hosted by its ``Actor``."""
+class InstancesPlugin(WorkerPlugin):
+    """Instances living in this worker process, served by the one call flow (``Instances``)."""
 
     name = PLUGIN_NAME
     idempotent = True
@@ -73,8 +66,8 @@ class InstanceHost(WorkerPlugin):
     def setup(self, worker: Any) -> None:
         self.worker = worker
         _quiet_worker_logs(worker)
-        self.actors: dict[str, Actor] = {}
-        self.gate = EnvGate()
+        self.calls = CallLog(worker)
+        self.instances = Instances(SerializerCopy(), self.calls, enter=self._enter)
         self._lock = threading.Lock()
         add_handlers(
             worker,
@@ -89,7 +82,6 @@ class InstanceHost(WorkerPlugin):
             },
         )
         self._registrar = Registrar(worker)
-        self.calls = CallLog(worker)
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None
         self._fetchers = concurrent.futures.ThreadPoolExecutor(
@@ -100,53 +92,25 @@ class InstanceHost(WorkerPlugin):
 
     def teardown(self, worker: Any) -> None:
         with self._lock:
-            actors, self.actors = list(self.actors.values()), {}
             lane, self._lane = self._lane, None
         if lane is not None:
             lane.close()
         self.calls.close()
         self._fetchers.shutdown(wait=False, cancel_futures=True)
-        for actor in actors:
-            actor.stop()
+        self.instances.stop_all()
         # The worker has closed; what is left is interpreter teardown, which takes a second
         # or more once torch is loaded, while the nanny waits (and, on a busy machine,
         # kills the process with a warning). Registered last, this runs first at exit.
         atexit.register(_exit_now)
 
-    # -- the table -------------------------------------------------------------------------
+    def _enter(self, actor: Actor) -> None:
+        """An instance's thread belongs to the worker: ``get_worker()``, ``get_client()``
+        and ``worker_client()`` work in its methods, as in a Dask actor's, and what it
+        prints goes to the worker's log page."""
+        enter_worker(self.worker)
+        rank_output.enter(f"{actor.ref.group}[{actor.ref.rank}]", self.worker)
 
-    def actor(self, instance: str) -> Actor:
-        try:
-            return self.actors[instance]
-        except KeyError:
-            raise LookupError(
-                f"instance {instance.split('#')[0]!r} is not in this worker process: its group "
-                "was shut down, or the worker restarted (see WorkerGroup.recover)"
-            ) from None
-
-    def new_actor(self, ref: InstanceRef, env: dict[str, str]) -> Actor:
-        actor = Actor(ref, env, self.gate, self.worker)
-        with self._lock:
-            old = self.actors.pop(ref.key, None)
-            self.actors[ref.key] = actor
-        if old is not None:
-            old.stop()
-        return actor
-
-    def forget(self, instance: str) -> None:
-        with self._lock:
-            actor = self.actors.pop(instance, None)
-        if actor is not None:
-            actor.stop()
-
-    def skip(self, instance: str, driver: str, seq: int) -> bool:
-        """Withdraw a call; whether it is sure not to run (see ``Actor.skip``)."""
-        actor = self.actors.get(instance)
-        if actor is None:  # a skip for a forgotten instance must not bring it back
-            return True
-        return actor.skip(driver, seq)
-
-    # -- the direct path's handlers (the worker's event loop) ------------------------------
+    # -- Dask's comm (handlers on the worker's event loop) ----------------------------------
 
     async def handle_create(
         self,
@@ -160,17 +124,11 @@ class InstanceHost(WorkerPlugin):
         key: str = "",
         share: bool = False,
     ) -> dict:
-        actor = self.new_actor(ref, env)
-        record = self.calls.begin(ref, key, "__init__")
+        call = Call(ref.key, driver, seq, "__init__", args, kwargs, share=share, key=key)
         try:
-            args, kwargs = await self._resolve(args, kwargs, share)
-            record.inputs = time.time()
-            await _wrap(actor.submit(driver, seq, Construct(cls, args, kwargs, record)))
+            await self.instances.construct(ref, cls, env, call, self._resolve)
         except BaseException as exc:
-            self.forget(ref.key)
-            self.calls.end(record, exc)
             return _error_reply(exc)
-        self.calls.end(record)
         return {"status": "OK"}
 
     async def handle_call(
@@ -185,48 +143,36 @@ class InstanceHost(WorkerPlugin):
         keep: bool,
         client: str,
         share: bool = False,
+        deadline: float | None = None,
     ) -> dict:
+        """A call on Dask's comm: a non-blocking one's result is kept here under ``key``
+        (registered with the scheduler for ``client``), a blocking one's is the reply."""
+        # A reply on Dask's comm is written after the instance's next call may have run.
+        result: Literal["kept", "later"] = "kept" if keep else "later"
+        call = Call(instance, driver, seq, method, args, kwargs, result, share, deadline, key)
+
+        async def deliver(value: Any) -> tuple[dict, int]:
+            if not keep:
+                return {"status": "OK", "result": _payload(value, call)}, 0
+            nbytes = await self._registrar.keep(key, value, client)
+            if is_plain(value):  # the driver keeps a copy: gathering it costs no fetch
+                return {"status": "OK", "nbytes": nbytes, "value": value}, nbytes
+            return {"status": "OK", "nbytes": nbytes}, nbytes
+
         try:
-            actor = self.actor(instance)
-        except LookupError as exc:
-            return _error_reply(exc)
-        record = self.calls.begin(actor.ref, key, method)
-        try:
-            args, kwargs = await self._resolve(args, kwargs, share)
+            return await self.instances.serve(call, self._resolve, deliver)
         except BaseException as exc:
-            actor.skip(driver, seq)
-            self.calls.end(record, exc)
             return _error_reply(exc)
-        record.inputs = time.time()
-        try:
-            # Kept by reference only where the driver chose to share colocated results.
-            invoke = Invoke(method, args, kwargs, snapshot=not (keep and share), record=record)
-            result = await _wrap(actor.submit(driver, seq, invoke))
-        except BaseException as exc:
-            self.calls.end(record, exc)
-            return _error_reply(exc)
-        if keep:
-            nbytes = await self._registrar.keep(key, result, client)
-            self.calls.end(record, nbytes=nbytes)
-            if is_plain(result):  # the driver keeps a copy: gathering it costs no fetch
-                return {"status": "OK", "nbytes": nbytes, "value": result}
-            return {"status": "OK", "nbytes": nbytes}
-        try:
-            payload = _payload(result, actor, method)
-        except TypeError as exc:
-            self.calls.end(record, exc)
-            return _error_reply(exc)
-        self.calls.end(record)
-        return {"status": "OK", "result": payload}
 
     async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
-        actor = self.actors.get(instance)
-        if actor is not None:
-            try:
-                await _wrap(actor.close(driver, seq))
-            finally:
-                self.forget(instance)
+        await asyncio.wrap_future(self.instances.close(instance, driver, seq))
         return {"status": "OK"}
+
+    def handle_skip(self, instance: str, driver: str, seq: int) -> dict:
+        return {"status": "OK", "result": self.instances.withdraw(instance, driver, seq)}
+
+    def handle_port(self) -> dict:
+        return {"status": "OK", "result": find_free_port(self.worker.ip)}
 
     async def handle_stream(self, comm: Any) -> Any:
         """Serve one driver's stream: batches of messages in, batches of replies out.
@@ -270,7 +216,7 @@ class InstanceHost(WorkerPlugin):
                     task.add_done_callback(tasks.discard)
         finally:
             writer.cancel()
-        return Status.dont_reply
+        return dont_reply()
 
     @property
     def _ops(self) -> dict[str, Any]:
@@ -282,6 +228,28 @@ class InstanceHost(WorkerPlugin):
             "hf_port": _as_coroutine(self.handle_port),
             "hf_lane": _as_coroutine(self.handle_lane),
         }
+
+    async def _resolve(self, args: tuple, kwargs: dict) -> Resolved:
+        """Input futures (``InputKey``s) replaced by their values; the arguments that
+        hold a value this worker already kept (a colocated producer's) are named, so the
+        call flow copies them (values fetched from elsewhere are this call's own)."""
+        keys = _input_keys(args) + _input_keys(kwargs)
+        if not keys:
+            return args, kwargs, ()
+        local = {k for k in keys if k in self.worker.data}
+        values = await fetch_keys(self.worker, keys)
+        private = {
+            name
+            for name, value in (*enumerate(args), *kwargs.items())
+            if local.intersection(_input_keys((value,)))
+        }
+
+        def swap(value: Any) -> Any:
+            return values[value.key] if isinstance(value, InputKey) else value
+
+        return swap_inputs(args, swap), swap_inputs(kwargs, swap), private
+
+    # -- the socket lane (its reader's thread, then the instance's) -------------------------
 
     def handle_lane(self, driver: str = "") -> dict:
         """Where this worker's socket lane listens (started on first use), and the token
@@ -300,8 +268,6 @@ class InstanceHost(WorkerPlugin):
                 )
             lane = self._lane
         return {"status": "OK", "result": (lane.port, *lane.token_for(driver))}
-
-    # -- the socket lane (its connection's thread, then the actor's) ------------------------
 
     def lane_message(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """Called by the lane's reading thread, which must go back to reading at once: a
@@ -330,69 +296,32 @@ class InstanceHost(WorkerPlugin):
         reply({"id": msg["id"], "status": "OK", "result": payload})
 
     def lane_call(self, msg: dict, reply: Callable[[dict], None]) -> None:
-        """A blocking call from the lane: handed to the actor; answered from its thread."""
-        ident, driver, seq, method = msg["id"], msg["driver"], msg["seq"], msg["method"]
+        """A blocking call from the lane, without future inputs: its arguments are read
+        (from the driver's memory, on the same host) only if its deadline has not passed,
+        and its reply is written from the instance's thread before its next call runs, so
+        the result needs no snapshot."""
+        ident = msg["id"]
+        call = Call(
+            msg["instance"],
+            msg["driver"],
+            msg["seq"],
+            msg["method"],
+            msg["args"],
+            msg["kwargs"],
+            result="now",
+            deadline=msg.get("deadline"),
+            key=msg["key"],
+        )
 
-        def fail(exc: BaseException) -> None:
-            reply(_lane_error(ident, exc))
-
-        try:
-            actor = self.actor(msg["instance"])
-        except LookupError as exc:
-            fail(exc)
-            return
-        record = self.calls.begin(actor.ref, msg["key"], method)
-        try:
-            args, kwargs = unpack(msg["args"]), unpack(msg["kwargs"])
-        except BaseException as exc:
-            actor.skip(driver, seq)
-            fail(exc)
-            self.calls.end(record, exc)
-            return
-        record.inputs = time.time()
-
-        def answer(done: Any) -> None:
+        def answer(done: concurrent.futures.Future) -> None:
             error = done.exception()
-            if error is None:
-                try:
-                    payload = _payload(done.result(), actor, method)
-                except TypeError as exc:
-                    error = exc
             if error is not None:
-                fail(error)
+                reply(_lane_error(ident, error))
             else:
-                reply({"id": ident, "status": "OK", "result": payload})
-            self.calls.end(record, error)
+                reply({"id": ident, "status": "OK", "result": done.result()})
 
-        # The reply is written (or its frames released) from the instance's thread before
-        # the next call runs: no snapshot needed.
-        invoke = Invoke(method, args, kwargs, snapshot=False, record=record)
-        actor.submit(driver, seq, invoke).add_done_callback(answer)
-
-    def handle_port(self) -> dict:
-        return {"status": "OK", "result": find_free_port(self.worker.ip)}
-
-    def handle_skip(self, instance: str, driver: str, seq: int) -> dict:
-        return {"status": "OK", "result": self.skip(instance, driver, seq)}
-
-    async def _resolve(self, args: tuple, kwargs: dict, share: bool) -> tuple[tuple, dict]:
-        keys: list[str] = []
-        swap_inputs(args, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
-        swap_inputs(kwargs, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
-        if not keys:
-            return args, kwargs
-        local = {k for k in keys if k in self.worker.data}
-        values = await fetch_keys(self.worker, keys)
-
-        def swap(value: Any) -> Any:
-            if not isinstance(value, InputKey):
-                return value
-            found = values[value.key]
-            if share or value.key not in local:
-                return found
-            return snapshot(found, f"the input {value.key}")  # the producer's: a copy
-
-        return swap_inputs(args, swap), swap_inputs(kwargs, swap)
+        outcome = self.instances.serve_now(call, _unpacked, lambda value: _payload(value, call))
+        outcome.add_done_callback(answer)
 
 
 class Registrar:
@@ -502,10 +431,6 @@ def _exit_now() -> None:
     os._exit(0)
 
 
-async def _wrap(future: Any) -> Any:
-    return await asyncio.wrap_future(future)
-
-
 def _error_reply(exc: BaseException) -> dict:
     return {"status": "error", "exception": to_serialize(sendable(exc))}
 
@@ -515,10 +440,22 @@ def _lane_error(ident: int, exc: BaseException) -> dict:
     return {"id": ident, "status": "error", "exception": sendable(exc)}
 
 
-def _payload(result: Any, actor: Actor, method: str) -> Any:
+def _input_keys(values: Any) -> list[str]:
+    """The keys of the input futures among a call's arguments."""
+    keys: list[str] = []
+    swap_inputs(values, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
+    return keys
+
+
+def _unpacked(args: Any, kwargs: Any) -> Resolved:
+    """A lane call's arguments, read from its message (and the driver's memory)."""
+    return unpack(args), unpack(kwargs), ()
+
+
+def _payload(result: Any, call: Call) -> Any:
     """A blocking call's result as its reply carries it: plain, or serialized here (so a
     result that cannot travel is an error for its caller, not a broken stream)."""
     if is_plain(result):
         return result
-    ref = actor.ref
-    return pack(result, f"the result of {ref.group}.{method} (rank {ref.rank})", back=True)
+    where = call.instance.split("#")[0]
+    return pack(result, f"the result of {call.method} on {where}", back=True)

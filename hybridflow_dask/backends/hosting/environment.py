@@ -1,0 +1,82 @@
+"""Whose environment variables are in ``os.environ`` while an instance's code runs.
+
+There is one ``os.environ`` per process, and colocated instances (the ranks of several
+groups on one pool) share a process: each must see its own rank's variables and none of
+another instance's extra ones.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+from collections.abc import Iterator
+
+__all__ = ["EnvGate", "EnvSwitch"]
+
+
+class EnvSwitch:
+    """Puts one instance's environment in ``os.environ`` at a time.
+
+    Switching to an instance first takes back the variables the previous one set and this
+    one does not (restoring what the process had), so instances sharing a process never
+    see each other's extra variables.
+    """
+
+    def __init__(self) -> None:
+        self._original: dict[str, str | None] = {}
+        self._applied: set[str] = set()
+
+    @contextlib.contextmanager
+    def use(self, env: dict[str, str]) -> Iterator[None]:
+        """``env`` while the block runs, the process's own variables again afterwards."""
+        self.switch(env)
+        try:
+            yield
+        finally:
+            self.switch({})
+
+    def switch(self, env: dict[str, str]) -> None:
+        """Make ``env`` the extra variables in place, taking back the previous ones."""
+        for key in self._applied - env.keys():
+            original = self._original.pop(key)
+            if original is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = original
+        for key in env.keys() - self._applied:
+            self._original[key] = os.environ.get(key)
+        os.environ.update(env)
+        self._applied = set(env)
+
+
+class EnvGate:
+    """Whose variables are in ``os.environ``; callers with equal variables share it.
+
+    One per process. Calls of instances whose environments are equal run at the same time
+    without any switching; a call that needs other variables waits until the running ones
+    finish, then switches. So no call ever sees a colocated instance's variables, and the
+    common case (one pool, one rank environment) costs a lock.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._switch = EnvSwitch()
+        self._current: frozenset | None = None
+        self._active = 0
+
+    @contextlib.contextmanager
+    def use(self, env: dict[str, str]) -> Iterator[None]:
+        wanted = frozenset(env.items())
+        with self._cond:
+            self._cond.wait_for(lambda: self._active == 0 or self._current == wanted)
+            if self._current != wanted:
+                self._switch.switch(env)
+                self._current = wanted
+            self._active += 1
+        try:
+            yield
+        finally:
+            with self._cond:
+                self._active -= 1
+                self._cond.notify_all()

@@ -1,0 +1,145 @@
+"""A stopped worker (SIGSTOP) is the usual hung rank: ``hybridflow.call-timeout`` reports
+its calls failed in time, withdraws those that had not started, and when the worker
+resumes (SIGCONT) nothing reported failed runs, on every call path."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterator
+
+import dask
+import pytest
+import torch
+from call_paths import PATHS, backend_on
+from distributed import LocalCluster
+
+import hybridflow_dask as hf
+
+LIMIT_S = 2.0
+
+
+class Journal(hf.Worker):
+    """Writes down every call that ran, and what it was given."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.seen: list[tuple[str, float]] = []
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def slow(self, seconds: float) -> str:
+        time.sleep(seconds)
+        self.seen.append(("slow", 0.0))
+        return "slow"
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def record(self, tag: str, payload: torch.Tensor) -> int:
+        self.seen.append((tag, float(payload.sum())))
+        return payload.numel()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def keep(self, n: int) -> torch.Tensor:
+        return torch.ones(n)
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def log(self) -> list[tuple[str, float]]:
+        return list(self.seen)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[LocalCluster]:
+    with LocalCluster(
+        n_workers=1, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+    ) as made:
+        yield made
+
+
+@contextlib.contextmanager
+def stopped(pid: int) -> Iterator[None]:
+    """The process stopped as a debugger or a hung kernel would leave it; resumed after."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_call_to_a_stopped_worker_times_out_in_time_and_never_runs_after_it_resumes(
+    path, cluster
+):
+    with backend_on(path, cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
+        (pid,) = group.pid()  # and the lane, where there is one, is open
+        payload = torch.ones(1 << 19)  # 2 MiB: large enough to be read from this process
+        with stopped(pid), dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"}):
+            start = time.monotonic()
+            with pytest.raises(hf.CallTimeoutError) as caught:
+                group.record("late", payload)
+            waited = time.monotonic() - start
+            payload.fill_(7.0)  # the caller was told the call failed: its memory is its own
+        assert waited < LIMIT_S + 1.0, waited
+        assert isinstance(caught.value, hf.HybridFlowError) and isinstance(
+            caught.value, TimeoutError
+        )
+        # Its worker could not say (it is stopped), or the call was never sent at all.
+        assert caught.value.running == () and 0 in caught.value.unknown + caught.value.queued
+        time.sleep(0.5)  # the resumed worker reads the call, and refuses it
+        assert group.log() == [[]]
+        group.shutdown()
+
+
+@pytest.mark.parametrize("path", list(PATHS))
+def test_a_call_queued_behind_a_slow_one_is_withdrawn_at_the_timeout_and_never_runs(path, cluster):
+    with backend_on(path, cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
+        group.pid()
+        slow = threading.Thread(target=group.slow, args=(2.5,))
+        slow.start()
+        time.sleep(0.3)  # running now
+        limit = dask.config.set({"hybridflow.call-timeout": "1s"})
+        with limit, pytest.raises(hf.CallTimeoutError) as caught:
+            group.record("queued", torch.ones(4))
+        slow.join(10)
+        assert caught.value.queued == (0,), str(caught.value)
+        assert "will not run" in str(caught.value)
+        assert group.log() == [[("slow", 0.0)]]
+        group.shutdown()
+
+
+def test_a_running_call_past_its_limit_is_reported_running_and_may_finish(cluster):
+    with backend_on("lane", cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
+        limit = dask.config.set({"hybridflow.call-timeout": "0.5s"})
+        with limit, pytest.raises(hf.CallTimeoutError) as caught:
+            group.slow(1.5)
+        assert caught.value.running == (0,), str(caught.value)
+        assert "may still finish" in str(caught.value)
+        time.sleep(1.5)
+        assert group.log() == [[("slow", 0.0)]]
+        group.shutdown()
+
+
+@pytest.mark.parametrize("path", ["comm", "task"])
+def test_getting_a_result_kept_on_a_stopped_worker_is_bounded_by_the_limit(path, cluster):
+    with backend_on(path, cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
+        (pid,) = group.pid()
+        kept = group.keep(1 << 20)
+        group.pid()  # the kept result is there by now (calls run in order)
+        with stopped(pid), dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"}):
+            start = time.monotonic()
+            with pytest.raises(hf.CallTimeoutError):
+                hf.get(kept)
+            waited = time.monotonic() - start
+        assert waited < LIMIT_S + 1.0, waited
+        (value,) = hf.get(kept)  # resumed: the result is still there
+        assert value.shape == (1 << 20,)
+        group.shutdown()
