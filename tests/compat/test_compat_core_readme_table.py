@@ -31,7 +31,7 @@ def test_point11_table_says_input_checks_raise_value_or_type_errors():
 def test_point11_table_names_every_ignored_verl_keyword():
     section = verl_section()
     missing = [name for name in sorted(RAY_ONLY_KEYWORDS) if f"`{name}`" not in section]
-    assert not missing, f"ignored keywords missing from the verl table in docs/concepts.md: {missing}"
+    assert not missing, f"ignored keywords missing from docs/concepts.md's table: {missing}"
 
 
 def test_point11_every_row_has_three_cells():
