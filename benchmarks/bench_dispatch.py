@@ -26,6 +26,11 @@ verl is installed (``--no-verl`` leaves it out). One side runs at a time; it pri
 table and writes ``results/backends.json``:
 
     python benchmarks/bench_dispatch.py --compare [--quick] [--no-verl]
+
+Only a full run writes into ``benchmarks/results/`` (``dispatch.json``, ``backends.json``);
+``--quick``, a subset (``--worlds``, ``--sizes``, ``--backends``, ``--modes``,
+``--repeats``) or a side left out writes into ``benchmarks/results/scratch/``, which git
+ignores, unless ``--out DIR`` names a folder.
 """
 
 from __future__ import annotations
@@ -50,6 +55,7 @@ import dask
 import dask.config
 import torch
 from dask.sizeof import sizeof
+from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, LocalBackend
@@ -400,7 +406,7 @@ def compare_backends(args: argparse.Namespace) -> None:
     rows = compare_table(results, cv.compared_value)
     print_compare(rows)
     stem = "backends_quick" if args.quick else "backends"
-    args.out.mkdir(parents=True, exist_ok=True)
+    args.out = results_dir(args.out, trial=args.quick or bool(skipped))
     out = args.out / f"{stem}.json"
     meta = {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -460,7 +466,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backends", nargs="+", default=list(BACKENDS), choices=BACKENDS)
     parser.add_argument("--modes", nargs="+", help="mode names to keep (default: all)")
     parser.add_argument("--repeats", type=int, default=30, help="repeats of 0 MiB calls")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the JSON (default: results/, or results/scratch/ for a partial run)",
+    )
     parser.add_argument("--replot", type=Path, help="only draw the PNG of a results JSON")
     parser.add_argument(
         "--compare", action="store_true", help="DaskBackend vs RayBackend vs verl (see above)"
@@ -487,7 +497,9 @@ def main(argv: list[str] | None = None) -> None:
     modes = [m for m in MODES if not args.modes or m.name in args.modes]
     if not modes:
         raise SystemExit(f"no mode matches {args.modes}; known: {[m.name for m in MODES]}")
-    args.out.mkdir(parents=True, exist_ok=True)
+    full = (args.worlds, args.sizes, args.repeats) == ([1, 2, 4], [0, 1, 64, 256], 30)
+    partial = args.quick or not full or args.backends != list(BACKENDS) or bool(args.modes)
+    args.out = results_dir(args.out, trial=partial)
     stem = "dispatch_quick" if args.quick else "dispatch"
     print(HEADER)
     print("-" * len(HEADER))

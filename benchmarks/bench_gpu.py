@@ -19,8 +19,9 @@ the device route keeps copies within a process on the device, and between proces
 still moves host bytes.
 
 ``python benchmarks/bench_gpu.py [--sizes 64 1024] [--repeats 5] [--out FILE]`` prints a
-table and writes JSON (default ``benchmarks/results/gpu.json``), after every case, so a run
-cut short keeps what it measured. ``--dry-run`` prints the plan and needs no GPU; without
+table and writes JSON (default ``benchmarks/results/gpu.json``; ``--cpu`` and other partial
+runs default to ``benchmarks/results/scratch/``, which git ignores), after every case, so a
+run cut short keeps what it measured. ``--dry-run`` prints the plan and needs no GPU; without
 a GPU the benchmark itself refuses (exit status 2).
 """
 
@@ -38,6 +39,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from outdir import SCRATCH  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
 
@@ -264,7 +266,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[64, 1024], metavar="MIB")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON file (default: results/gpu.json; results/scratch/ if partial)",
+    )
     parser.add_argument("--dry-run", action="store_true", help="print the plan; needs no GPU")
     parser.add_argument(
         "--cpu",
@@ -275,6 +281,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if any(size < 1 for size in args.sizes) or args.repeats < 1:
         parser.error("sizes and repeats must be at least 1")
+    if args.out is None:
+        partial = args.cpu or (args.sizes, args.repeats) != ([64, 1024], 5)
+        folder = SCRATCH if partial else DEFAULT_OUT.parent
+        args.out = folder / DEFAULT_OUT.name
     if args.dry_run:
         cases = plan(args.sizes, args.cpu)
         print(

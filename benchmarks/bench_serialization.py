@@ -35,6 +35,7 @@ from typing import Any
 import numpy as np
 import tensordict
 import torch
+from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 from hybridflow_dask.protocol import DataProto, deserialize_dataproto, serialize_dataproto
 
@@ -243,12 +244,19 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[1, 64, 256], help="MiB")
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="JSON file (default: results/serialization.json; results/scratch/ if partial)",
+    )
     args = parser.parse_args(argv)
     torch.set_num_threads(max(1, torch.get_num_threads()))
     results = run(args.sizes, args.repeats)
     print(format_table(results))
     print(f"\nmedians of {args.repeats} runs; receiver copies every buffer except in frames-inproc")
+    if args.out is None:
+        partial = (args.sizes, args.repeats) != ([1, 64, 256], 5)
+        args.out = results_dir(None, trial=partial) / DEFAULT_OUT.name
     args.out.parent.mkdir(parents=True, exist_ok=True)
     report = {"environment": environment(), "repeats": args.repeats, "results": results}
     args.out.write_text(json.dumps(report, indent=2))

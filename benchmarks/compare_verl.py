@@ -13,7 +13,11 @@ verl and ray come with the optional extra ``compare`` (``pip install -e '.[compa
 without them only our side runs, with a message saying so. verl 0.9.1 has no predefined
 ``Dispatch.RANK_ZERO`` functions, so its RANK_ZERO case is ``Execute.RANK_ZERO``.
 
-    python benchmarks/compare_verl.py [--quick] [--no-verl] [--tls] [--out benchmarks/results]
+    python benchmarks/compare_verl.py [--quick] [--no-verl] [--tls] [--out DIR]
+
+A full run writes ``benchmarks/results/compare_verl[_tls].json``; a ``--quick`` run or one
+without verl's side writes into ``benchmarks/results/scratch/`` (ignored by git) unless
+``--out`` names a folder.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
@@ -438,13 +443,16 @@ def main(argv: list[str] | None = None) -> None:
     )
     parser.add_argument("--quick", action="store_true", help="1 MiB data, few repeats")
     parser.add_argument("--no-verl", action="store_true", help="run our side only")
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the JSON (default: results/, or results/scratch/ for a partial run)",
+    )
     parser.add_argument(
         "--tls", action="store_true", help="our cluster speaks only TLS (security=True)"
     )
     args = parser.parse_args(argv)
     plan = Plan.quick() if args.quick else Plan()
-    args.out.mkdir(parents=True, exist_ok=True)
 
     def log(line: str) -> None:
         print(line, flush=True)
@@ -479,7 +487,7 @@ def main(argv: list[str] | None = None) -> None:
         "verl": verl,
     }
     name = "compare_verl" + ("_tls" if args.tls else "") + ("_quick" if args.quick else "")
-    out = args.out / f"{name}.json"
+    out = results_dir(args.out, trial=args.quick or bool(why_not)) / f"{name}.json"
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

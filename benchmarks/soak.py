@@ -17,11 +17,13 @@ dropped, ``gc.collect()``, then polled for up to ``--settle`` seconds), and name
 left. Targets: RSS growth under 50 MiB per process; no task and no key left behind.
 
     python benchmarks/soak.py [--quick] [--separate-pools] [--noop-calls N] [--dp-calls N]
-                              [--config KEY=VALUE ...] [--settle S] [--out benchmarks/results]
+                              [--config KEY=VALUE ...] [--settle S] [--out DIR]
 
 ``--quick`` (500 no-op calls, 50 DP calls, one chain after the warm-up's) is the test
-suite's smoke test, which asserts that nothing is left. Writes ``soak.json``
-(``soak_quick.json``; ``_separate``, ``_config``, ``_custom`` mark the other options).
+suite's smoke test, which asserts that nothing is left. Writes ``soak.json`` into
+``benchmarks/results/``; any other run (``soak_quick.json``; ``_separate``, ``_config``,
+``_custom`` mark the other options) goes to ``benchmarks/results/scratch/``, which git
+ignores, unless ``--out`` names a folder.
 Growth that stops is not a leak: Dask keeps bounded histories that every call adds to
 (the task stream, 100,000 records, which the dashboard feeds with direct calls too;
 ``key_split``'s cache of 100,000 keys; 1,000 recent messages per batched stream), so
@@ -49,6 +51,7 @@ import dask
 import psutil
 import torch
 import yaml
+from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
@@ -469,7 +472,11 @@ def main(argv: list[str] | None = None) -> int:
         help="a dask.config setting for the run, the workers' too (YAML value; repeatable), "
         "e.g. distributed.admin.low-level-log-length=10",
     )
-    parser.add_argument("--out", type=Path, default=Path(__file__).parent / "results")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="folder for the JSON (default: results/, or results/scratch/ for a partial run)",
+    )
     args = parser.parse_args(argv)
     settings = {}
     for item in args.config:
@@ -483,7 +490,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.dp_calls is not None:
         plan.dp_calls = args.dp_calls
     custom = args.noop_calls is not None or args.dp_calls is not None
-    args.out.mkdir(parents=True, exist_ok=True)
+    partial = args.quick or custom or args.separate_pools or bool(settings)
+    args.out = results_dir(args.out, trial=partial)
 
     def log(line: str) -> None:
         print(line, flush=True)

@@ -48,6 +48,7 @@ _EXPORTS: dict[str, str] = {
     "all_gather_data_proto": ".protocol",  # verl: verl.protocol.all_gather_data_proto
     "create_colocated_worker_cls": ".colocate",
     "dashboard_link": ".runtime",
+    "default_backend": ".runtime",
     "get": ".runtime",
     "init": ".runtime",
     "make_nd_compute_dataproto_dispatch_fn": ".decorators",
@@ -119,6 +120,7 @@ if TYPE_CHECKING:  # what static tools see; tests check it names exactly _EXPORT
     from .resource_pool import merge_resource_pool as merge_resource_pool
     from .resource_pool import split_resource_pool as split_resource_pool
     from .runtime import dashboard_link as dashboard_link
+    from .runtime import default_backend as default_backend
     from .runtime import get as get
     from .runtime import init as init
     from .runtime import shutdown as shutdown

@@ -38,7 +38,13 @@ def init(backend: Backend | None = None, **kwargs: Any) -> Backend:
 
 
 def default_backend() -> Backend:
-    """The default backend, starting a ``DaskBackend()`` on first use; closed at exit."""
+    """The process-wide default backend: the one ``init`` set, or a ``DaskBackend()``
+    started now if there is none yet (what a ``WorkerGroup`` without ``backend=`` uses).
+
+    Use it to reach the backend behind your groups, e.g.
+    ``hf.default_backend().dashboard_link`` and ``.groups_page``, where ``init`` would
+    raise because a default is already set. It is shut down at exit, or by ``shutdown``.
+    """
     global _default
     with _lock:
         if _default is None:

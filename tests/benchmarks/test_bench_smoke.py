@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -89,8 +90,15 @@ def test_soak_quick_leaves_nothing(tmp_path: Path) -> None:
     """500 non-blocking no-op calls, 50 DP_COMPUTE_PROTO calls and a 64 MiB chain, every
     future released: no task left on the scheduler, no key in worker memory (a leak is a
     bug, not a timing: the script polls for the counts to settle first)."""
-    proc = run_script("soak.py", "--quick", "--out", str(tmp_path), timeout=100)
-    result = json.loads((tmp_path / "soak_quick.json").read_text())
+    committed = BENCH / "results" / "soak_quick.json"
+    before = committed.read_bytes() if committed.exists() else None
+    started = time.time()
+    proc = run_script("soak.py", "--quick", timeout=100)  # no --out: a quick run's default
+    written = BENCH / "results" / "scratch" / "soak_quick.json"
+    assert written.stat().st_mtime >= started - 1, "the quick run did not write into scratch/"
+    after = committed.read_bytes() if committed.exists() else None
+    assert after == before, "a quick run rewrote the committed results/soak_quick.json"
+    result = json.loads(written.read_text())
     assert result["meta"]["quick"] is True
     assert result["initial"]["scheduler_tasks"] == 0
     left = json.dumps(result["leftovers"], indent=1)[:3000]
@@ -103,3 +111,16 @@ def test_soak_quick_leaves_nothing(tmp_path: Path) -> None:
         assert row["start_mib"] > 0 and row["end_mib"] > 0, row
     assert result["chains"] >= 2  # the warm-up's and the soak's
     assert "keys left in worker memory" in proc.stdout
+
+
+def test_partial_runs_default_to_the_ignored_scratch_folder() -> None:
+    """Trying a script must not rewrite the committed figures that the docs quote."""
+    full = run_script("bench_gpu.py", "--dry-run").stdout
+    assert f"JSON to {BENCH / 'results' / 'gpu.json'}" in full
+    cpu = run_script("bench_gpu.py", "--dry-run", "--cpu").stdout
+    assert f"JSON to {BENCH / 'results' / 'scratch' / 'gpu.json'}" in cpu
+    ignored = subprocess.run(
+        ["git", "check-ignore", "-q", "benchmarks/results/scratch/soak_quick.json"],
+        cwd=BENCH.parent,
+    )
+    assert ignored.returncode in (0, 128), "benchmarks/results/scratch/ must be git-ignored"

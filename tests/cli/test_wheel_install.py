@@ -39,7 +39,7 @@ def _run(args: list[str], cwd: Path) -> subprocess.CompletedProcess[str]:
 
 def _readme_example() -> str:
     """The README's first Python example (as ``tests/examples/test_readme.py`` finds it),
-    with the cluster sized up front as the README advises (``hf.init(n_workers=5)``): its
+    with the cluster sized up front as docs/quickstart.md advises (``hf.init(n_workers=5)``): its
     five workers start together instead of two, then three (~30 s saved on 2 cores).
     ``tests/examples/test_readme.py`` runs the example exactly as written."""
     text = (ROOT / "README.md").read_text()

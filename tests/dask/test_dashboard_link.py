@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import urllib.request
 
+import pytest
+
 import hybridflow_dask as hf
 
 
@@ -23,3 +25,24 @@ def test_dashboard_link_is_that_of_the_default_backend(hf_local_backend, hf_dask
     finally:
         hf.shutdown()
     assert hf.dashboard_link(hf_local_backend) is None  # no dashboard in-process
+
+
+class Echo(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def echo(self, x):
+        return x
+
+
+def test_default_backend_is_the_one_behind_groups_made_without_a_backend(hf_dask_cluster):
+    attached = hf.init(address=hf_dask_cluster.scheduler_address)  # shutdown keeps the cluster
+    try:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), hf.ClassWithInitArgs(Echo))
+        assert group.echo(3) == [3]
+        assert hf.default_backend() is attached is group.backend
+        # the Monitoring advice: the link comes from default_backend(), as init() refuses now
+        assert hf.default_backend().dashboard_link == hf.dashboard_link()
+        with pytest.raises(RuntimeError, match="already set"):
+            hf.init()
+        group.shutdown()
+    finally:
+        hf.shutdown()

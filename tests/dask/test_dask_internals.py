@@ -233,3 +233,39 @@ def test_a_page_added_to_the_dashboards_navigation_shows_on_dasks_pages(hf_dask_
     with urllib.request.urlopen(hf_dask_backend.dashboard_link, timeout=10) as response:
         status = response.read().decode()
     assert '<a href="hybridflow">Hybridflow</a>' in status  # added by the group monitor
+
+
+def _unknown_key_warnings(caught: list) -> list[str]:
+    return [str(w.message) for w in caught if "but key is unknown" in str(w.message)]
+
+
+def test_reading_a_published_value_does_not_make_the_scheduler_warn_of_pending_keys(
+    hf_dask_backend,
+):
+    """``lookup`` reads the group registry on every new group; ``Client.get_dataset`` would
+    re-announce every key the driver holds, and the (in-process) scheduler warned for each
+    key it did not know yet: a result still on its way, or one whose call failed."""
+    import warnings
+
+    from hybridflow_dask.backends.dask.internals import pending_future, published_value
+
+    client = hf_dask_backend.client
+    client.publish_dataset(canary_published=["a", "b"], override=True)
+    pending = pending_future(client, "canary-not-known-to-the-scheduler")
+    try:
+        assert published_value(client, "canary_published", None) == ["a", "b"]
+        assert published_value(client, "canary_never_published", []) == []
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            client.get_dataset("canary_published")  # Dask's way: the warning, as control
+            deadline = time.monotonic() + 5
+            while not _unknown_key_warnings(caught) and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert _unknown_key_warnings(caught), "get_dataset no longer re-announces keys"
+            caught.clear()
+            published_value(client, "canary_published", None)
+            time.sleep(1.0)  # as long as the control's warning took, several times over
+            assert _unknown_key_warnings(caught) == []
+    finally:
+        client.unpublish_dataset("canary_published")
+        del pending

@@ -39,6 +39,7 @@ __all__ = [
     "owned_cluster_class",
     "pending_future",
     "published_datasets",
+    "published_value",
     "record_finished_task",
     "register_keys",
     "submit_as",
@@ -110,6 +111,18 @@ def owned_cluster_class(base: type, worker_prefix: str = "") -> type:
         methods["_new_worker_name"] = lambda self, number: f"{worker_prefix}{number}"
     owned = type(f"Owned{base.__name__}", (base,), methods)
     return owned
+
+
+def published_value(client: Any, name: str, default: Any) -> Any:
+    """The dataset published as ``name`` (``default`` if none), read from the scheduler.
+
+    ``Client.get_dataset`` does this and then tells the scheduler again of every key the
+    client holds (to rebind futures inside a dataset); the scheduler warns ("desires key
+    ... but key is unknown") for each key it does not know yet, such as a non-blocking
+    call's result still on its way or one whose call failed. Our datasets hold no futures.
+    """
+    out = client.sync(client.scheduler.publish_get, names=[name])[0]
+    return default if out is None else out["data"]
 
 
 def published_datasets(scheduler: Any) -> dict[Any, Any]:

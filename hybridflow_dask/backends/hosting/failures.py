@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import contextlib
 import pickle
-import traceback
 
 from ..base import InstanceRef
+from .tracebacks import remote_traceback
 
 __all__ = ["annotate_error", "explain_init_error", "sendable"]
 
@@ -18,7 +18,7 @@ def annotate_error(exc: BaseException, ref: InstanceRef, method: str) -> BaseExc
     where = f"raised by {ref.group}.{method} on rank {ref.rank} (worker {ref.slot.address})"
     if not hasattr(exc, "remote_traceback"):
         with contextlib.suppress(Exception):
-            exc.remote_traceback = "".join(traceback.format_exception(exc))  # type: ignore[attr-defined]
+            exc.remote_traceback = remote_traceback(exc)  # type: ignore[attr-defined]
     exc.hybridflow_origin = (ref.group, method, ref.rank)  # type: ignore[attr-defined]
     if hasattr(exc, "add_note"):
         exc.add_note(where)

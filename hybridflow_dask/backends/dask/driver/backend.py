@@ -45,7 +45,7 @@ from ..config import (
     socket_lane,
 )
 from ..config import device_transfer as config_device_transfer
-from ..internals import fail_future, future_state, pending_future, wait_all
+from ..internals import fail_future, future_state, pending_future, published_value, wait_all
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..wire import (
@@ -571,7 +571,7 @@ class DaskBackend:
 
     def lookup(self, group: str) -> list[InstanceRef]:
         self._check_open()
-        return list(self.client.get_dataset(GROUP_DATASET + group, default=[]))
+        return list(published_value(self.client, GROUP_DATASET + group, []))
 
     def shutdown(self) -> None:
         if self._closed:
