@@ -1,7 +1,6 @@
 """verl gives every worker group fresh processes; colocated groups share one, clearly.
 
-Points 1 and 2 of the verl-parity issue, on a real cluster with real ``torch.distributed``
-(gloo) process groups.
+Checked on a real cluster with real ``torch.distributed`` (gloo) process groups.
 """
 
 from __future__ import annotations
