@@ -145,6 +145,7 @@ def tiny_env(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return python
 
 
+@pytest.mark.cluster
 def test_the_demo_runs_on_a_backend_a_package_registers(tiny_env: Path, tmp_path: Path):
     out = tmp_path / "demo"
     args = ["demo", "--backend", "tiny", "--workers", "1", "--steps", "2", "--out", str(out)]
@@ -155,6 +156,7 @@ def test_the_demo_runs_on_a_backend_a_package_registers(tiny_env: Path, tmp_path
     assert [s["step"] for s in steps] == [1, 2]
 
 
+@pytest.mark.cluster
 def test_the_installed_backend_is_listed_and_refuses_what_it_cannot_run(
     tiny_env: Path, tmp_path: Path
 ):

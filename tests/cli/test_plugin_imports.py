@@ -16,6 +16,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts a pytest process (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 HEAVY = {"torch", "dask", "distributed"}
 TIMEOUT_S = 120
 

@@ -14,6 +14,9 @@ import torch.distributed as dist
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
 
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 #: Module state a previous group leaves behind in its process, if the process is reused.
 LEFT_BEHIND: dict[str, int] = {}
 

@@ -10,6 +10,7 @@ import pickle
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -70,6 +71,7 @@ def _run(tmp_path: Path, rows_by_rank: list[int]) -> list[dict]:
     return [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
 
 
+@pytest.mark.cluster
 def test_all_gather_data_proto_gathers_every_ranks_rows_in_place_over_gloo(tmp_path):
     results = _run(tmp_path, [2, 2])
     expected_obs = torch.cat([_rank_data(r, 2).batch["obs"] for r in range(WORLD)]).tolist()
@@ -82,6 +84,7 @@ def test_all_gather_data_proto_gathers_every_ranks_rows_in_place_over_gloo(tmp_p
         assert got["meta"] == {"rank": rank}  # meta_info is not gathered
 
 
+@pytest.mark.cluster
 def test_all_gather_data_proto_refuses_unequal_rows_on_every_rank(tmp_path):
     results = _run(tmp_path, [2, 3])
     for got in results:

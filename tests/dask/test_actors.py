@@ -80,6 +80,7 @@ def rows(n: int) -> hf.DataProto:
 # -- 1: materialize_futures=False on one-thread workers ------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_deadlock(path):
     # Two producer ranks feed one consumer rank: the consumer's rows must be re-split
@@ -109,6 +110,7 @@ def plain_cluster():
     cluster.close()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_an_input_lost_with_its_worker_fails_the_chain_but_not_the_consumer(path, plain_cluster):
     backend = make_backend(path, cluster=plain_cluster)
@@ -129,6 +131,7 @@ def test_an_input_lost_with_its_worker_fails_the_chain_but_not_the_consumer(path
         backend.shutdown()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_a_kept_result_whose_worker_died_fails_its_gather_naming_the_rank(path, plain_cluster):
     """The result is finished and kept on its worker when the worker is killed: gathering
@@ -188,6 +191,7 @@ class EnvReader(hf.Worker):
         return seen
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_colocated_instances_called_at_once_never_see_each_others_environment(path):
     cluster = LocalCluster(
@@ -267,6 +271,7 @@ def test_methods_run_in_the_instances_own_thread(path_backend, hf_worker_group):
 # -- 6: two backends on one client both learn of a dead worker ------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_two_backends_on_one_client_both_detect_a_dead_worker(path, plain_cluster):
     client = Client(plain_cluster, set_as_default=False)
@@ -323,6 +328,7 @@ def test_a_group_shut_down_with_a_failing_call_pending_leaves_nothing_on_the_wor
 # -- 8: a future of a backend that was shut down ------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_getting_a_pending_future_after_shutdown_says_the_backend_was_shut_down(path):
     backend = make_backend(path, n_workers=1)
