@@ -205,15 +205,11 @@ def test_it_checks_its_arguments(hf_local_backend):
 
 
 @pytest.mark.cluster
-def test_it_works_on_a_cluster_attached_by_address(hf_worker_group):
-    from distributed import LocalCluster
-
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        DaskBackend(address=cluster.scheduler_address) as backend,
-    ):
+def test_it_works_on_a_cluster_attached_by_address(own_backend, hf_worker_group):
+    # The module's cluster (its workers are killed here anyway), attached by its address
+    # from a second backend: one the backend did not start.
+    own_backend.client.wait_for_workers(2, timeout=60)  # whole again after earlier kills
+    with DaskBackend(address=own_backend.cluster.scheduler_address) as backend:
         counters = hf_worker_group(Counter, [2], backend=backend)
         restore = Restores(counters, value=5)
         recovery = hf.Recovery([counters], restore)

@@ -80,21 +80,19 @@ def rows(n: int) -> hf.DataProto:
 # -- 1: materialize_futures=False on one-thread workers ------------------------------------
 
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("path", PATHS)
-def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_deadlock(path):
+def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_deadlock(
+    path_backend, hf_worker_group
+):
     # Two producer ranks feed one consumer rank: the consumer's rows must be re-split
-    # by tasks pinned to its own one-thread worker while its method waits for them.
-    with dask.config.set({"hybridflow.call-timeout": "20s"}):
-        backend = make_backend(path, n_workers=3)
-    try:
-        producer = hf.WorkerGroup(hf.ResourcePool([2]), Producer, backend=backend)
-        consumer = hf.WorkerGroup(hf.ResourcePool([1]), Consumer, backend=backend)
-        out = consumer.resolve_itself(producer.make(rows(6)))
-        assert torch.equal(out.batch["x"], torch.arange(6, dtype=torch.float32) + 1)
-        assert consumer.ping() == ["pong"]  # the instance is not wedged
-    finally:
-        backend.shutdown()
+    # by tasks pinned to its own one-thread worker while its method waits for them. The
+    # session's workers have one thread each (it only reads, so it shares them).
+    producer = hf_worker_group(Producer, [2], backend=path_backend)
+    consumer = hf_worker_group(Consumer, [1], backend=path_backend)
+    address = consumer._refs[0].slot.address
+    assert path_backend.client.scheduler_info()["workers"][address]["nthreads"] == 1
+    out = consumer.resolve_itself(producer.make(rows(6)))  # a deadlock: the 60 s call-timeout
+    assert torch.equal(out.batch["x"], torch.arange(6, dtype=torch.float32) + 1)
+    assert consumer.ping() == ["pong"]  # the instance is not wedged
 
 
 # -- 2: an input lost with its worker on an attached cluster -------------------------------
@@ -191,13 +189,22 @@ class EnvReader(hf.Worker):
         return seen
 
 
-@pytest.mark.cluster
-@pytest.mark.parametrize("path", PATHS)
-def test_colocated_instances_called_at_once_never_see_each_others_environment(path):
+@pytest.fixture(scope="module")
+def two_thread_worker():
+    """One worker process with two task threads, shared by the paths (the test only reads)."""
     cluster = LocalCluster(
         n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
     )
-    backend = make_backend(path, cluster=cluster)
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("path", PATHS)
+def test_colocated_instances_called_at_once_never_see_each_others_environment(
+    path, two_thread_worker
+):
+    backend = make_backend(path, cluster=two_thread_worker)
     try:
         pool = hf.ResourcePool([1])
         a = hf.WorkerGroup(pool, EnvReader, backend=backend, worker_env={"WHO": "a"})
@@ -210,7 +217,6 @@ def test_colocated_instances_called_at_once_never_see_each_others_environment(pa
             assert set(hf.get(future)[0]) == {who}
     finally:
         backend.shutdown()
-        cluster.close()
 
 
 # -- 5: async instances keep a running loop; their calls overlap ---------------------------
