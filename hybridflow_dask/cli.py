@@ -152,6 +152,11 @@ def _address(text: str) -> str:
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    if args.backend not in available_backends():  # before importing torch: a quick answer
+        installed = ", ".join(available_backends()) or "none"
+        parser.error(
+            f"argument --backend: unknown backend {args.backend!r}; installed: {installed}"
+        )
     from .examples.grpo import GRPOConfig, UnsuitableBackendError, run_demo
     from .examples.grpo.report import plot_rewards, write_metrics
 
@@ -165,11 +170,6 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error("--kill-worker-at needs --checkpoint-every (a checkpoint to restore)")
         if args.kill_worker_at > args.steps:
             parser.error(f"--kill-worker-at {args.kill_worker_at} is after the last step")
-    if args.backend not in available_backends():
-        installed = ", ".join(available_backends()) or "none"
-        parser.error(
-            f"argument --backend: unknown backend {args.backend!r}; installed: {installed}"
-        )
     if args.address is not None and args.backend == "dask":
         try:
             args.address = _address(args.address)
