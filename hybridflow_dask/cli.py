@@ -22,6 +22,8 @@ import time
 from pathlib import Path
 from typing import Any, NoReturn, TextIO
 
+from .backends.registry import available_backends
+
 __all__ = ["main"]
 
 logger = logging.getLogger(__name__)
@@ -79,10 +81,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     demo.add_argument(
         "--backend",
-        choices=("dask", "ray"),
         default="dask",
-        help="where the ranks run: Dask worker processes (default) or Ray actors "
-        "(needs the 'ray' extra); the driver code is the same",
+        metavar="NAME",
+        help="where the ranks run: any installed backend (now: "
+        f"{', '.join(available_backends()) or 'none'}); dask: worker processes (default), "
+        "ray: Ray actors (needs the 'ray' extra), local: this process (--workers 1); "
+        "the driver code is the same",
     )
     demo.add_argument(
         "--address",
@@ -148,7 +152,12 @@ def _address(text: str) -> str:
 
 
 def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .examples.grpo import GRPOConfig, run_demo
+    if args.backend not in available_backends():  # before importing torch: a quick answer
+        installed = ", ".join(available_backends()) or "none"
+        parser.error(
+            f"argument --backend: unknown backend {args.backend!r}; installed: {installed}"
+        )
+    from .examples.grpo import GRPOConfig, UnsuitableBackendError, run_demo
     from .examples.grpo.report import plot_rewards, write_metrics
 
     config = GRPOConfig(seed=args.seed)
@@ -171,7 +180,7 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     backend = _start_backend(args, parser.prog)
     if backend is None:
         return 2
-    with backend:
+    try:
         _announce(backend)
         with _progress(args.steps) as progress:
             try:
@@ -188,6 +197,11 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             except KeyboardInterrupt:
                 print("interrupted; workers shut down", file=sys.stderr)
                 return 130
+            except UnsuitableBackendError as exc:  # e.g. two ranks in one process
+                print(f"{parser.prog} demo: error: {exc}", file=sys.stderr)
+                return 2
+    finally:
+        backend.shutdown()
     wall_s = time.perf_counter() - started
     steps = result["steps"]
     _print_table(steps)
@@ -205,38 +219,45 @@ def _demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def _start_backend(args: argparse.Namespace, prog: str) -> Any:
     """The backend ``--backend`` names (attached to ``--address``), or ``None`` after
     printing one line on why it could not start."""
-    if args.backend == "ray":
-        try:
-            from .backends.ray import RayBackend
-        except ImportError:
-            print(
-                f"{prog} demo: error: --backend ray needs ray: pip install 'hybridflow-dask[ray]'",
-                file=sys.stderr,
-            )
-            return None
-        try:
-            return RayBackend(address=args.address)
-        except (ConnectionError, ValueError, RuntimeError) as exc:
-            where = f" at {args.address}" if args.address else ""
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else repr(exc)
-            print(f"{prog} demo: error: no Ray cluster{where}: {first}", file=sys.stderr)
-            return None
-    from .backends.dask import DaskBackend
+    from .backends.registry import open_backend
 
+    where = f" at {args.address}" if args.address else ""
     try:
-        return DaskBackend(address=args.address) if args.address else DaskBackend()
-    except ConnectionError as exc:  # SchedulerUnreachableError: names the address
+        if args.address is None:
+            return open_backend(args.backend)
+        return open_backend(args.backend, address=args.address)
+    except ImportError as exc:  # a missing optional dependency (ray: the 'ray' extra)
+        hint = " (pip install 'hybridflow-dask[ray]')" if args.backend == "ray" else ""
+        print(f"{prog} demo: error: {exc}{hint}", file=sys.stderr)
+    except TypeError as exc:  # --address for a backend that attaches to nothing
         print(f"{prog} demo: error: {exc}", file=sys.stderr)
-        return None
+    except ConnectionError as exc:  # SchedulerUnreachableError: names the address
+        print(f"{prog} demo: error: {_first_line(exc)}", file=sys.stderr)
+    except (ValueError, RuntimeError) as exc:
+        label = "no Ray cluster" if args.backend == "ray" else f"backend {args.backend!r}"
+        print(f"{prog} demo: error: {label}{where}: {_first_line(exc)}", file=sys.stderr)
+    return None
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else repr(exc)
 
 
 def _announce(backend: Any) -> None:
-    """Where to watch the run: the Dask dashboard, or what Ray the ranks run on."""
+    """Where to watch the run: the Dask dashboard, what Ray the ranks run on, or just
+    which backend (one without a dashboard)."""
     if backend.name == "ray":
         print(f"Ray backend:    {backend.describe()}", flush=True)
         return
-    print(f"Dask dashboard: {backend.dashboard_link}", flush=True)
-    print(f"worker groups:  {backend.groups_page}", flush=True)
+    link = getattr(backend, "dashboard_link", None)
+    if link is None:
+        print(f"backend:        {backend.name} (no dashboard)", flush=True)
+        return
+    print(f"Dask dashboard: {link}", flush=True)
+    groups_page = getattr(backend, "groups_page", None)
+    if groups_page is not None:
+        print(f"worker groups:  {groups_page}", flush=True)
 
 
 def recovery_summary(recoveries: list[dict[str, Any]]) -> str:

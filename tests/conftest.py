@@ -1,15 +1,47 @@
-"""Shared fixtures. The plugin (hybridflow_dask.testing) provides the clusters and backends;
-``backend`` parametrizes backend-neutral tests over both implementations."""
+"""Shared fixtures and the two tiers of the suite.
+
+The plugin (hybridflow_dask.testing) provides the clusters and backends; ``backend``
+parametrizes backend-neutral tests over both implementations.
+
+Tiers: a test that starts a process (a Dask or Ray cluster, a subprocess driver, a
+virtual environment) carries the ``cluster`` marker, so ``scripts/test.sh -m "not cluster"``
+is the fast tier. The marker is applied here, at collection, to every test that uses a
+fixture in ``PROCESS_FIXTURES`` (directly or through another fixture); a test or module
+that starts processes some other way says so itself (``pytestmark = pytest.mark.cluster``,
+or ``pytest.param(..., marks=pytest.mark.cluster)`` on a fixture's parameter). A run that
+selects no cluster test checks the claim: a test that starts a process anyway fails,
+naming the process and the marker.
+"""
 
 from __future__ import annotations
+
+import multiprocessing.process
+import os
+import subprocess
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import dask
 import pytest
 
 from hybridflow_dask.protocol import AUTO_PADDING_ENV, DataProtoConfig
 
+#: Fixtures that start processes. A test that uses one, even through another fixture, is
+#: in the cluster tier.
+PROCESS_FIXTURES = frozenset(
+    {
+        "hf_dask_cluster",  # the plugin's session cluster (and hf_dask_backend on it)
+        "hf_dask_backend",
+        "ray_backend",  # tests/ray: the session's Ray instance
+        "cli",  # tests/cli: the command, or a small program, in a fresh process
+        "program",
+    }
+)
 
-@pytest.fixture(params=["local", "dask"])
+CLUSTER = pytest.mark.cluster
+
+
+@pytest.fixture(params=["local", pytest.param("dask", marks=CLUSTER)])
 def backend(request: pytest.FixtureRequest):
     if request.param == "local":
         return request.getfixturevalue("hf_local_backend")
@@ -32,3 +64,74 @@ def _padding_off(monkeypatch: pytest.MonkeyPatch):
     DataProtoConfig.auto_padding = False
     yield
     DataProtoConfig.auto_padding = previous
+
+
+# ---- the cluster tier -----------------------------------------------------------------------
+
+
+@pytest.hookimpl(tryfirst=True)  # before ``-m`` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ())):
+            item.add_marker(CLUSTER)
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    # Only where no cluster test runs can a new process be blamed on the test running:
+    # a cluster's nanny restarts workers in the background.
+    if not any(item.get_closest_marker("cluster") for item in session.items):
+        _ProcessWatch.install()
+
+
+class _ProcessWatch:
+    """Notes every process this pytest process starts while a test runs."""
+
+    started: list[str] = []
+    installed = False
+
+    @classmethod
+    def install(cls) -> None:
+        if cls.installed:
+            return
+        cls.installed = True
+        cls._wrap(subprocess.Popen, "_execute_child", lambda a, k: f"subprocess {_argv(a, k)}")
+        cls._wrap(multiprocessing.process.BaseProcess, "start", lambda a, k: f"process {a[0]}")
+        for name in ("fork", "forkpty", "posix_spawn", "posix_spawnp", "system"):
+            if hasattr(os, name):
+                cls._wrap(os, name, lambda a, k, name=name: f"os.{name}")
+
+    @classmethod
+    def _wrap(cls, owner: Any, name: str, describe: Callable[[tuple, dict], str]) -> None:
+        original = getattr(owner, name)
+
+        def started(*args: Any, **kwargs: Any) -> Any:
+            cls.started.append(describe(args, kwargs))
+            return original(*args, **kwargs)
+
+        setattr(owner, name, started)
+
+
+def _argv(args: tuple, kwargs: dict) -> str:
+    argv = kwargs.get("args", args[1] if len(args) > 1 else "?")
+    return repr(argv if isinstance(argv, str) else list(argv)[:4])
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    _ProcessWatch.started = []  # what the test's setup, call and teardown start
+    return (yield)
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    result = yield
+    if _ProcessWatch.installed and _ProcessWatch.started and not item.get_closest_marker("cluster"):
+        started = "; ".join(dict.fromkeys(_ProcessWatch.started))
+        _ProcessWatch.started = []
+        pytest.fail(
+            f"{item.nodeid} started a process ({started}) but is not in the cluster tier: "
+            "use a fixture from PROCESS_FIXTURES in tests/conftest.py, or mark the test "
+            "(or its module) with pytest.mark.cluster",
+            pytrace=False,
+        )
+    return result

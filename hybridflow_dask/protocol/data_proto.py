@@ -89,9 +89,12 @@ def _unfold_array(key: str, value: np.ndarray, n_split: int) -> np.ndarray:
             f"{f' of lengths {sorted(lengths)}' if lengths else ''}"
         )
     width = _split_width(key, (len(cells), lengths.pop() if lengths else 0), n_split)
-    return to_object_array(
-        cell[j * width : (j + 1) * width] for cell in cells for j in range(n_split)
-    )
+    if not cells:
+        return to_object_array([])
+    # The pieces come back as the object array numpy makes of them (rows of ``width``
+    # cells, 2-d), as a verl user gets from reshaping the column: they compare cell by cell.
+    pieces = [list(cell[j * width : (j + 1) * width]) for cell in cells for j in range(n_split)]
+    return np.array(pieces, dtype=object)
 
 
 @dataclass(eq=False)
@@ -667,7 +670,8 @@ class DataProto:
         Row ``i`` becomes rows ``i * n_split`` to ``i * n_split + n_split - 1``; every other
         key (tensor or non-tensor) repeats its row ``n_split`` times. This keeps a group
         (dim 1) together until it is unfolded, e.g. after a shuffle. A non-tensor key may
-        be a 2-d array or a 1-d object array of equal-length sequences.
+        be a 2-d array or a 1-d object array of equal-length sequences; the pieces of the
+        latter come back as a 2-d object array (one row of cells per piece), as verl's are.
         """
         n_split = positive_int(n_split, "n_split")
         keys = as_key_list(split_keys, "split_keys")

@@ -11,19 +11,24 @@
 - ``--hf-backend=MODULE:FACTORY``: the backend the conformance kit tests
   (``pytest --hf-backend=pkg.mod:factory --pyargs hybridflow_dask.testing.conformance``;
   see ``hybridflow_dask.testing.conformance`` and ``docs/backends.md``).
+
+Installing the package loads this module into every pytest run, so it imports nothing
+heavy at module level: each fixture imports what it needs (torch, Dask, the backends)
+inside its body, when a test first uses it. A new fixture follows the same rule.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
-from ..backends.local import LocalBackend
-from ..resource_pool import ResourcePool
-from ..worker import ClassWithInitArgs
-from ..worker_group import WorkerGroup
+if TYPE_CHECKING:  # the fixtures import these when used: loading the plugin stays cheap
+    from ..backends.local import LocalBackend
+    from ..resource_pool import ResourcePool
+    from ..worker import ClassWithInitArgs
+    from ..worker_group import WorkerGroup
 
 __all__ = [
     "hf_dask_backend",
@@ -70,6 +75,8 @@ def _cuda_visible() -> bool:
 
 @pytest.fixture
 def hf_local_backend() -> Iterator[LocalBackend]:
+    from ..backends.local import LocalBackend
+
     backend = LocalBackend()
     yield backend
     backend.shutdown()
@@ -125,6 +132,9 @@ def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterat
 
 @pytest.fixture
 def hf_worker_group() -> Iterator[Any]:
+    from ..resource_pool import ResourcePool
+    from ..worker_group import WorkerGroup
+
     made: list[WorkerGroup] = []
 
     def make(

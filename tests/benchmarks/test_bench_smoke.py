@@ -14,6 +14,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks"
 MODES = {
     "RANK_ZERO",

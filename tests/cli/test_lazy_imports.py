@@ -24,7 +24,14 @@ print("LOADED", *sorted(m for m in {heavy!r} if m in sys.modules))
 
 
 @pytest.mark.parametrize(
-    "args", [["--help"], ["demo", "--help"], ["demo", "--steps", "abc"], ["--bogus"]]
+    "args",
+    [
+        ["--help"],
+        ["demo", "--help"],
+        ["demo", "--steps", "abc"],
+        ["demo", "--backend", "x"],
+        ["--bogus"],
+    ],
 )
 def test_quick_answers_import_nothing_heavy(program, args):
     ran = program(PROBE.format(heavy=HEAVY).replace("ARGS", repr(args)))

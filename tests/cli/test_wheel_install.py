@@ -24,6 +24,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 #: What building the wheel needs from the source tree (the rest is left out).
 SOURCES = ("pyproject.toml", "README.md", "LICENSE", "hybridflow_dask_sizeof.py")

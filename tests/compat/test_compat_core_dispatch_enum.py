@@ -1,4 +1,4 @@
-"""Points 9 and 16 of issue 10: ``Dispatch`` behaves like verl's ``DynamicEnum``."""
+"""verl parity: ``Dispatch`` behaves like verl's ``DynamicEnum``."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ def _identity_collect(worker_group, output):
     return output
 
 
-def test_point9_dispatch_remove_drops_a_registered_mode():
+def test_dispatch_remove_drops_a_registered_mode():
     mode = hf.register_dispatch_mode("COMPAT_REMOVE_ME", _identity_dispatch, _identity_collect)
     assert Dispatch.COMPAT_REMOVE_ME is mode
     assert Dispatch.remove("COMPAT_REMOVE_ME") is mode
@@ -32,7 +32,7 @@ def test_point9_dispatch_remove_drops_a_registered_mode():
         Dispatch.remove("COMPAT_REMOVE_ME")
 
 
-def test_point16_register_upper_cases_names():
+def test_register_upper_cases_names():
     mode = hf.register_dispatch_mode("compat_lower_mode", _identity_dispatch, _identity_collect)
     try:
         assert mode.name == "COMPAT_LOWER_MODE"
@@ -44,7 +44,7 @@ def test_point16_register_upper_cases_names():
         Dispatch.remove("COMPAT_LOWER_MODE")
 
 
-def test_point16_dispatch_class_is_a_mapping_of_names():
+def test_dispatch_class_is_a_mapping_of_names():
     assert Dispatch["ONE_TO_ALL"] is Dispatch.ONE_TO_ALL
     assert "ONE_TO_ALL" in Dispatch and "NO_SUCH_MODE" not in Dispatch
     assert Dispatch.DP_COMPUTE_PROTO in Dispatch
@@ -58,13 +58,13 @@ def test_point16_dispatch_class_is_a_mapping_of_names():
         Dispatch["NO_SUCH_MODE"]
 
 
-def test_point16_from_name_is_case_insensitive_and_returns_none_for_unknown():
+def test_from_name_is_case_insensitive_and_returns_none_for_unknown():
     assert Dispatch.from_name("one_to_all") is Dispatch.ONE_TO_ALL
     assert Dispatch.from_name("DP_COMPUTE_PROTO") is Dispatch.DP_COMPUTE_PROTO
     assert Dispatch.from_name("NO_SUCH_MODE") is None
     assert Execute.from_name("all") is Execute.ALL
 
 
-def test_point16_members_stay_singletons_through_pickle():
+def test_members_stay_singletons_through_pickle():
     for member in (Dispatch.ONE_TO_ALL, Execute.RANK_ZERO):
         assert pickle.loads(pickle.dumps(member)) is member

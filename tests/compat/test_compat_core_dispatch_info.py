@@ -1,4 +1,4 @@
-"""Point 14 of issue 10: verl's dispatch-info API on the group and on the Worker."""
+"""verl parity: verl's dispatch-info API on the group and on the Worker."""
 
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ class MeshWorker(Worker):
         return self._query_dispatch_info(new_name), self.query_collect_info(new_name)
 
 
-def test_point14_trainer_style_dispatch_info_cache(hf_local_backend, hf_worker_group):
+def test_trainer_style_dispatch_info_cache(hf_local_backend, hf_worker_group):
     wg = hf_worker_group(MeshWorker, [4], backend=hf_local_backend)
     # verl's trainer fills the cache itself: the attribute is a dict, the query gives ints.
     assert isinstance(wg._dispatch_info, dict)
@@ -53,7 +53,7 @@ def test_point14_trainer_style_dispatch_info_cache(hf_local_backend, hf_worker_g
     assert wg._collect_info["train"] == [False, True, False, True]
 
 
-def test_point14_worker_side_helpers(hf_local_backend, hf_worker_group):
+def test_worker_side_dispatch_collect_helpers(hf_local_backend, hf_worker_group):
     wg = hf_worker_group(MeshWorker, [4], backend=hf_local_backend)
     info = wg.own_info()
     assert [collect for collect, _ in info] == [False, True, False, True]
@@ -62,7 +62,7 @@ def test_point14_worker_side_helpers(hf_local_backend, hf_worker_group):
     assert wg._query_dispatch_info("copy") == [0, 0, 1, 1]
 
 
-def test_point14_unregistered_mesh_is_a_clear_error(hf_local_backend, hf_worker_group):
+def test_unregistered_mesh_is_a_clear_error(hf_local_backend, hf_worker_group):
     wg = hf_worker_group(MeshWorker, [2], backend=hf_local_backend)
     with pytest.raises(ValueError, match=r"_register_dispatch_collect_info\('nope'"):
         wg._query_dispatch_info("nope")

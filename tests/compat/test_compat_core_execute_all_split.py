@@ -1,4 +1,4 @@
-"""Point 12 of issue 10: ``execute_all`` and ALL_TO_ALL split arguments by verl's rule.
+"""verl parity: ``execute_all`` and ALL_TO_ALL split arguments by verl's rule.
 
 Split only when every positional and keyword argument is a list of exactly world-size
 items; otherwise every rank gets the arguments whole. Tuples are never split.
@@ -15,13 +15,13 @@ class Echo(Worker):
         return self.rank, args, kwargs
 
 
-def test_point12_tuples_are_passed_whole(hf_local_backend, hf_worker_group):
+def test_tuples_are_passed_whole(hf_local_backend, hf_worker_group):
     g = hf_worker_group(Echo, [2], backend=hf_local_backend)
     assert g.execute_all_sync("echo", (7, 8)) == [(0, ((7, 8),), {}), (1, ((7, 8),), {})]
     assert g.echo((7, 8)) == [(0, ((7, 8),), {}), (1, ((7, 8),), {})]
 
 
-def test_point12_a_list_next_to_a_non_list_is_passed_whole(hf_local_backend, hf_worker_group):
+def test_a_list_next_to_a_non_list_is_passed_whole(hf_local_backend, hf_worker_group):
     g = hf_worker_group(Echo, [2], backend=hf_local_backend)
     assert g.echo([1, 2], "s") == [(0, ([1, 2], "s"), {}), (1, ([1, 2], "s"), {})]
     assert g.execute_all_sync("echo", [1, 2], tag="s") == [
@@ -35,7 +35,7 @@ def test_point12_a_list_next_to_a_non_list_is_passed_whole(hf_local_backend, hf_
     ]
 
 
-def test_point12_all_world_size_lists_are_split(hf_local_backend, hf_worker_group):
+def test_all_world_size_lists_are_split(hf_local_backend, hf_worker_group):
     g = hf_worker_group(Echo, [2], backend=hf_local_backend)
     assert g.execute_all_sync("echo", [1, 2], ["a", "b"], k=[10, 20]) == [
         (0, (1, "a"), {"k": 10}),

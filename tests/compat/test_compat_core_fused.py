@@ -1,4 +1,4 @@
-"""Point 19 of issue 10: fused workers behave as verl's FusedWorker does."""
+"""verl parity: fused workers behave as verl's FusedWorker does."""
 
 from __future__ import annotations
 
@@ -54,7 +54,7 @@ def fused_cls() -> ClassWithInitArgs:
     )
 
 
-def test_point19_spawned_view_reaches_unregistered_methods(hf_local_backend, hf_worker_group):
+def test_spawned_role_view_reaches_unregistered_methods(hf_local_backend, hf_worker_group):
     fused = hf_worker_group(fused_cls(), [2], backend=hf_local_backend)
     actor = fused.spawn(["actor"])["actor"]
     assert actor.execute_all_sync("plain_hello", "bo") == ["hey bo from 0", "hey bo from 1"]
@@ -62,13 +62,13 @@ def test_point19_spawned_view_reaches_unregistered_methods(hf_local_backend, hf_
     assert actor.execute_all_sync("hello") == ["hey", "hey"]
 
 
-def test_point19_roles_see_each_other(hf_local_backend, hf_worker_group):
+def test_fused_roles_see_each_other(hf_local_backend, hf_worker_group):
     fused = hf_worker_group(fused_cls(), [2], backend=hf_local_backend)
     actor = fused.spawn(["actor"])["actor"]
     assert actor.ask_rollout() == [(["actor", "rollout"], "engine", None)] * 2
 
 
-def test_point19_direct_rollout_methods_are_bound_plain_and_refused(
+def test_direct_rollout_methods_are_bound_plain_and_refused_from_the_driver(
     hf_local_backend, hf_worker_group
 ):
     cwia = fused_cls()
@@ -85,7 +85,7 @@ def test_point19_direct_rollout_methods_are_bound_plain_and_refused(
     assert rollout.execute_all_sync("generate_direct", "q") == ["Q", "Q"]
 
 
-def test_point19_fuse_and_sub_cls_name(hf_local_backend, hf_worker_group):
+def test_fuse_binds_role_groups_with_their_sub_cls_name(hf_local_backend, hf_worker_group):
     cwia = fused_cls()
     assert cwia.fused_worker_used is True
     fused = hf_worker_group(cwia, [2], backend=hf_local_backend)

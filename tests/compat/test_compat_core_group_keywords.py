@@ -1,4 +1,4 @@
-"""Point 20 of issue 10: verl's WorkerGroup keywords and attributes."""
+"""verl parity: verl's WorkerGroup keywords and attributes."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ def groups(hf_local_backend):
         group.shutdown()
 
 
-def test_point20_verl_keyword_names(hf_local_backend, groups):
+def test_group_takes_verls_keyword_names_and_refuses_unknown_ones(hf_local_backend, groups):
     cwia = ClassWithInitArgs(Keeper, start=10)
     wg = WorkerGroup(
         resource_pool=ResourcePool([2]),
@@ -51,13 +51,13 @@ def test_point20_verl_keyword_names(hf_local_backend, groups):
         WorkerGroup(ResourcePool([1]), Keeper, ray_cls_with_init=Keeper, backend=hf_local_backend)
 
 
-def test_point20_verl_positional_order(hf_local_backend, groups):
+def test_group_takes_verls_positional_order(hf_local_backend, groups):
     wg = WorkerGroup(ResourcePool([2]), Keeper, True, "compat_positional", backend=hf_local_backend)
     groups.append(wg)
     assert wg.name_prefix == "compat_positional"
 
 
-def test_point20_attributes(hf_local_backend, groups):
+def test_group_has_verls_attributes(hf_local_backend, groups):
     pool = ResourcePool([2])
     wg = WorkerGroup(pool, Keeper, backend=hf_local_backend)
     groups.append(wg)
@@ -70,7 +70,7 @@ def test_point20_attributes(hf_local_backend, groups):
     wg.start_worker_aliveness_check(every_n_seconds=1)
 
 
-def test_point20_attach_by_names_handles_or_prefix(hf_local_backend, groups):
+def test_group_attaches_by_names_handles_or_prefix(hf_local_backend, groups):
     wg = WorkerGroup(ResourcePool([2]), ClassWithInitArgs(Keeper, 5), backend=hf_local_backend)
     groups.append(wg)
     by_names = WorkerGroup.from_detached(
@@ -83,7 +83,7 @@ def test_point20_attach_by_names_handles_or_prefix(hf_local_backend, groups):
         assert attached._is_init_with_detached_workers
 
 
-def test_point20_none_pool_without_workers_is_a_clear_error(hf_local_backend):
+def test_none_pool_without_workers_is_a_clear_error(hf_local_backend):
     with pytest.raises(ValueError, match="resource_pool=None attaches"):
         WorkerGroup(None, Keeper, backend=hf_local_backend)
     with pytest.raises(ValueError, match="no worker named"):
@@ -92,7 +92,7 @@ def test_point20_none_pool_without_workers_is_a_clear_error(hf_local_backend):
         )
 
 
-def test_point20_master_addr_port_and_use_gpu(hf_local_backend, groups):
+def test_master_addr_and_port_reach_the_ranks_and_use_gpu_is_checked(hf_local_backend, groups):
     wg = WorkerGroup(
         ResourcePool([2]),
         Keeper,
@@ -111,7 +111,7 @@ def test_point20_master_addr_port_and_use_gpu(hf_local_backend, groups):
         )
 
 
-def test_point20_more_verl_names():
+def test_verls_other_names_exist():
     from hybridflow_dask.colocate import create_colocated_worker_cls_fused
     from hybridflow_dask.decorators import MAGIC_ATTR, Execute, get_predefined_execute_fn
 

@@ -1,4 +1,4 @@
-"""Points 8 and 21 of issue 10: ResourcePool and its functions take verl's parameters."""
+"""verl parity: ResourcePool and its functions take verl's parameters."""
 
 from __future__ import annotations
 
@@ -34,10 +34,10 @@ def slots(wg: WorkerGroup) -> list[int]:
     return [slot.index for slot in wg._rank_slots()]
 
 
-# ---- point 8: parameter names ------------------------------------------------------------
+# ---- parameter names ----------------------------------------------------------------------------
 
 
-def test_point8_split_and_merge_take_verls_keyword_names():
+def test_split_and_merge_take_verls_keyword_names():
     subs = split_resource_pool(resource_pool=ResourcePool([4]), split_size=2)
     assert [p.world_size for p in subs] == [2, 2]
     merged = merge_resource_pool(rp1=ResourcePool([1]), rp2=ResourcePool([2]))
@@ -57,14 +57,14 @@ def test_point8_split_and_merge_take_verls_keyword_names():
         (create_colocated_worker_cls, ["class_dict"]),
     ],
 )
-def test_point8_public_functions_use_verls_parameter_names(func, names):
+def test_public_functions_use_verls_parameter_names(func, names):
     assert list(inspect.signature(func).parameters)[: len(names)] == names
 
 
-# ---- point 21: ResourcePool ----------------------------------------------------------------
+# ---- ResourcePool -------------------------------------------------------------------------------
 
 
-def test_point21_empty_pool_then_add_node(hf_local_backend, hf_worker_group):
+def test_empty_pool_grows_with_add_node_and_places_a_group(hf_local_backend, hf_worker_group):
     pool = ResourcePool()
     assert pool.world_size == 0
     pool.add_node(2)
@@ -72,12 +72,12 @@ def test_point21_empty_pool_then_add_node(hf_local_backend, hf_worker_group):
     assert hf_worker_group(Where, pool, backend=hf_local_backend).here() == [0, 1]
 
 
-def test_point21_empty_pool_fails_clearly_when_used(hf_local_backend):
+def test_empty_pool_is_refused_naming_add_node(hf_local_backend):
     with pytest.raises(ValueError, match="add_node"):
         WorkerGroup(ResourcePool(), Where, backend=hf_local_backend)
 
 
-def test_point21_verl_positional_order_and_keywords():
+def test_pool_and_manager_take_verls_positional_order_and_keywords():
     pool = ResourcePool([2, 2], False, "gen", 3, False, None, n_gpus_per_node=16)
     assert (pool.use_gpu, pool.name_prefix, pool.max_colocate_count) == (False, "gen", 3)
     assert pool.n_gpus_per_node == 16 and pool.detached is False
@@ -85,7 +85,7 @@ def test_point21_verl_positional_order_and_keywords():
     assert manager.get_resource_pool("actor").max_colocate_count == 1
 
 
-def test_point21_merge_accepts_placed_pools_and_colocates(hf_local_backend, hf_worker_group):
+def test_merge_accepts_placed_pools_and_colocates_on_their_slots(hf_local_backend, hf_worker_group):
     first, second = ResourcePool([2], name_prefix="a"), ResourcePool([1], name_prefix="b")
     on_first = hf_worker_group(Where, first, backend=hf_local_backend)
     merged = merge_resource_pool(first, second)
@@ -96,14 +96,16 @@ def test_point21_merge_accepts_placed_pools_and_colocates(hf_local_backend, hf_w
     assert on_merged._rank_slots()[:2] == on_first._rank_slots()
 
 
-def test_point21_merge_refuses_mismatched_pools():
+def test_merge_refuses_pools_with_mismatched_limits():
     with pytest.raises(ValueError, match="max_colocate_count"):
         merge_resource_pool(ResourcePool([1], max_colocate_count=1), ResourcePool([1]))
     with pytest.raises(ValueError, match="n_gpus_per_node"):
         merge_resource_pool(ResourcePool([1], n_gpus_per_node=4), ResourcePool([1]))
 
 
-def test_point21_max_colocate_count_is_enforced(hf_local_backend, hf_worker_group):
+def test_max_colocate_count_is_enforced_until_the_group_shuts_down(
+    hf_local_backend, hf_worker_group
+):
     pool = ResourcePool([2], max_colocate_count=1)
     first = hf_worker_group(Where, pool, backend=hf_local_backend)
     with pytest.raises(ValueError, match="max_colocate_count=1"):
@@ -113,7 +115,7 @@ def test_point21_max_colocate_count_is_enforced(hf_local_backend, hf_worker_grou
     assert hf_worker_group(Where, pool, backend=hf_local_backend).here() == [0, 1]
 
 
-def test_point21_colocation_limit_counts_per_slot(hf_local_backend, hf_worker_group):
+def test_colocation_limit_counts_per_slot(hf_local_backend, hf_worker_group):
     root = ResourcePool([4], max_colocate_count=1)
     left, right = split_resource_pool(root, 2)
     hf_worker_group(Where, left, backend=hf_local_backend)
@@ -122,7 +124,7 @@ def test_point21_colocation_limit_counts_per_slot(hf_local_backend, hf_worker_gr
         WorkerGroup(root, Where, backend=hf_local_backend)
 
 
-def test_point21_fused_roles_count_as_one_group(hf_local_backend, hf_worker_group):
+def test_fused_roles_count_as_one_group_for_the_colocation_limit(hf_local_backend, hf_worker_group):
     pool = ResourcePool([2], max_colocate_count=1)
     fused = create_colocated_worker_cls({"a": ClassWithInitArgs(Where), "b": Where})
     group = hf_worker_group(fused, pool, backend=hf_local_backend)

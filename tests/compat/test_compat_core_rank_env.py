@@ -1,4 +1,4 @@
-"""Points 17 and 18 of issue 10: one consistent GPU rank environment; split-pool local ranks.
+"""verl parity: one consistent GPU rank environment; split-pool local ranks.
 
 No GPU exists on the test machine, so GPU slots are injected: ``MockGpuBackend`` is a
 ``LocalBackend`` whose placement hands out slots that own ``cuda:N`` devices, two nodes
@@ -53,7 +53,9 @@ def own_gpu(wg, rank: int) -> str:
     return wg.workers[rank].slot.device.split(":")[1]
 
 
-def test_point17_mock_gpu_local_rank_indexes_the_ranks_own_gpu(mock_gpu_backend, hf_worker_group):
+def test_local_rank_indexes_the_ranks_own_gpu_in_cuda_visible_devices(
+    mock_gpu_backend, hf_worker_group
+):
     wg = hf_worker_group(EnvProbe, [4], backend=mock_gpu_backend)
     for rank, env in enumerate(wg.env()):
         visible = env["CUDA_VISIBLE_DEVICES"].split(",")
@@ -65,7 +67,7 @@ def test_point17_mock_gpu_local_rank_indexes_the_ranks_own_gpu(mock_gpu_backend,
         assert env["LOCAL_WORLD_SIZE"] == "4"
 
 
-def test_point17_mock_gpu_two_nodes_see_their_own_node(mock_gpu_backend, hf_worker_group):
+def test_ranks_on_two_nodes_see_their_own_nodes_gpus(mock_gpu_backend, hf_worker_group):
     wg = hf_worker_group(EnvProbe, [2, 2], backend=mock_gpu_backend)
     envs = wg.env()
     assert [e["LOCAL_RANK"] for e in envs] == ["0", "1", "0", "1"]
@@ -74,7 +76,7 @@ def test_point17_mock_gpu_two_nodes_see_their_own_node(mock_gpu_backend, hf_work
         assert env["CUDA_VISIBLE_DEVICES"].split(",")[int(env["LOCAL_RANK"])] == own_gpu(wg, rank)
 
 
-def test_point18_split_pool_keeps_node_local_ranks(hf_local_backend, hf_worker_group):
+def test_split_pool_keeps_node_local_ranks(hf_local_backend, hf_worker_group):
     _, middle, _ = split_resource_pool(ResourcePool([4, 4]), [2, 4, 2])
     assert middle.local_rank_list() == [2, 3, 0, 1]
     assert middle.local_world_size_list() == [4, 4, 4, 4]
@@ -87,7 +89,7 @@ def test_point18_split_pool_keeps_node_local_ranks(hf_local_backend, hf_worker_g
     assert [e["LOCAL_WORLD_SIZE"] for e in envs] == ["4"] * 4
 
 
-def test_point18_mock_gpu_split_pool_ranks_find_their_gpu(mock_gpu_backend, hf_worker_group):
+def test_split_pool_ranks_find_their_own_gpu(mock_gpu_backend, hf_worker_group):
     _, middle, _ = split_resource_pool(ResourcePool([4, 4]), [2, 4, 2])
     wg = hf_worker_group(EnvProbe, middle, backend=mock_gpu_backend)
     for rank, env in enumerate(wg.env()):

@@ -1,6 +1,6 @@
-"""Point 11 of issue 10: the "Coming from verl" table (``docs/concepts.md``, *Every
-difference, in detail*) lists the deliberate differences, the exception types of input
-checks first among them."""
+"""verl parity: the "Coming from verl" table (``docs/concepts.md``, *Every difference, in
+detail*) lists the deliberate differences, the exception types of input checks first
+among them."""
 
 from __future__ import annotations
 
@@ -22,19 +22,19 @@ def table_rows(section: str) -> list[str]:
     return [line for line in section.splitlines() if line.startswith("| ") and "---" not in line]
 
 
-def test_point11_table_says_input_checks_raise_value_or_type_errors():
+def test_verl_table_says_input_checks_raise_value_or_type_errors():
     rows = [row for row in table_rows(verl_section()) if "AssertionError" in row]
     assert len(rows) == 1, "one row should compare verl's assertions with the errors here"
     assert "ValueError" in rows[0] and "TypeError" in rows[0]
 
 
-def test_point11_table_names_every_ignored_verl_keyword():
+def test_verl_table_names_every_ignored_verl_keyword():
     section = verl_section()
     missing = [name for name in sorted(RAY_ONLY_KEYWORDS) if f"`{name}`" not in section]
     assert not missing, f"ignored keywords missing from docs/concepts.md's table: {missing}"
 
 
-def test_point11_every_row_has_three_cells():
+def test_verl_table_rows_have_three_cells():
     for row in table_rows(verl_section()):
         cells = row.strip().strip("|").split(" | ")
         assert len(cells) == 3, row

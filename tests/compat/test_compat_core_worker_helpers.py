@@ -1,4 +1,4 @@
-"""Point 23 of issue 10: the Worker helpers and rank variables verl code relies on."""
+"""verl parity: the Worker helpers and rank variables verl code relies on."""
 
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ class Helper(Worker):
         return self.get_available_master_addr_port()
 
 
-def test_point23_env_keys_is_verls_list():
+def test_env_keys_is_verls_list():
     assert Worker.env_keys() == [
         "WORLD_SIZE",
         "RANK",
@@ -37,7 +37,7 @@ def test_point23_env_keys_is_verls_list():
     ]
 
 
-def test_point23_address_helpers(monkeypatch):
+def test_address_helpers_read_my_host_ip_and_find_a_free_port(monkeypatch):
     port = Worker._get_free_port()
     assert isinstance(port, int) and 0 < port < 65536
     monkeypatch.setenv("MY_HOST_IP", "10.9.8.7")
@@ -51,7 +51,7 @@ def test_point23_address_helpers(monkeypatch):
     assert Worker._get_node_ip()  # some address of this host, never an exception
 
 
-def test_point23_rank_env_has_group_variables(hf_local_backend, hf_worker_group):
+def test_rank_env_has_verls_group_variables(hf_local_backend, hf_worker_group):
     wg = hf_worker_group(Helper, [2, 1], backend=hf_local_backend, name_prefix="compat_helper")
     assert wg.group_env() == [
         {
@@ -66,12 +66,12 @@ def test_point23_rank_env_has_group_variables(hf_local_backend, hf_worker_group)
     assert addr and port.isdigit()
 
 
-def test_point23_worker_env_may_not_override_group_variables(hf_local_backend, hf_worker_group):
+def test_worker_env_may_not_override_group_variables(hf_local_backend, hf_worker_group):
     with pytest.raises(ValueError, match="WG_PREFIX"):
         hf_worker_group(Helper, [1], backend=hf_local_backend, worker_env={"WG_PREFIX": "x"})
 
 
-def test_point23_class_with_init_args_update_options():
+def test_class_with_init_args_update_options_merges_and_checks_the_type():
     cwia = ClassWithInitArgs(Helper)
     assert cwia.fused_worker_used is False
     cwia.update_options({"num_cpus": 1})

@@ -1,7 +1,6 @@
 """verl gives every worker group fresh processes; colocated groups share one, clearly.
 
-Points 1 and 2 of the verl-parity issue, on a real cluster with real ``torch.distributed``
-(gloo) process groups.
+Checked on a real cluster with real ``torch.distributed`` (gloo) process groups.
 """
 
 from __future__ import annotations
@@ -14,6 +13,9 @@ import torch.distributed as dist
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
+
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
 
 #: Module state a previous group leaves behind in its process, if the process is reused.
 LEFT_BEHIND: dict[str, int] = {}

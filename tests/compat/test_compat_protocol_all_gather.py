@@ -1,4 +1,4 @@
-"""verl parity, issue 10 point 10: ``all_gather_data_proto`` over a real gloo group.
+"""verl parity: ``all_gather_data_proto`` over a real gloo group.
 
 Two processes (torch.multiprocessing spawn) form a gloo process group; each gathers its
 own DataProto and writes what it got to a file the test reads back.
@@ -10,6 +10,7 @@ import pickle
 import socket
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -70,7 +71,8 @@ def _run(tmp_path: Path, rows_by_rank: list[int]) -> list[dict]:
     return [pickle.loads((tmp_path / f"rank{r}.pkl").read_bytes()) for r in range(WORLD)]
 
 
-def test_point10_all_gather_data_proto_over_gloo(tmp_path):
+@pytest.mark.cluster
+def test_all_gather_data_proto_gathers_every_ranks_rows_in_place_over_gloo(tmp_path):
     results = _run(tmp_path, [2, 2])
     expected_obs = torch.cat([_rank_data(r, 2).batch["obs"] for r in range(WORLD)]).tolist()
     for rank, got in enumerate(results):
@@ -82,13 +84,14 @@ def test_point10_all_gather_data_proto_over_gloo(tmp_path):
         assert got["meta"] == {"rank": rank}  # meta_info is not gathered
 
 
-def test_point10_all_gather_data_proto_refuses_unequal_rows_on_every_rank(tmp_path):
+@pytest.mark.cluster
+def test_all_gather_data_proto_refuses_unequal_rows_on_every_rank(tmp_path):
     results = _run(tmp_path, [2, 3])
     for got in results:
         assert "rank 0 has 2 rows, rank 1 has 3" in got["error"]
 
 
-def test_point10_all_gather_data_proto_is_exported_like_verl():
+def test_all_gather_data_proto_is_exported_at_the_top_level_like_verl():
     from hybridflow_dask.protocol import all_gather_data_proto
 
     assert hf.all_gather_data_proto is all_gather_data_proto

@@ -1,6 +1,6 @@
-"""verl parity, issue 10 points 7, 13, 15, 22: DP dispatch of TensorDicts, futures and padding.
+"""verl parity: DP dispatch of TensorDicts, futures and padding.
 
-Every test runs the ranks inline with ``LocalBackend`` (the points are about the dispatch
+Every test runs the ranks inline with ``LocalBackend`` (the tests are about the dispatch
 functions, not about processes).
 """
 
@@ -111,16 +111,16 @@ def check_doubled(out: TensorDict, n: int) -> None:
     assert out.get("tag").data == "shared"
 
 
-# ---- point 7: TensorDict arguments to DP modes ------------------------------------------------
+# ---- TensorDict arguments to DP modes -----------------------------------------------------------
 
 
-def test_point07_tensordict_is_chunked_and_results_concatenated(group):
+def test_tensordict_argument_is_chunked_and_results_concatenated(group):
     out = group.double_td(tensordict_of(8))
     check_doubled(out, 8)
     assert out["rank"].tolist() == [0, 0, 1, 1, 2, 2, 3, 3]
 
 
-def test_point07_tensordict_padding_follows_dataproto_rules(group):
+def test_tensordict_padding_follows_dataproto_rules(group):
     with pytest.raises(ValueError, match="7 rows, not divisible by 4 ranks"):
         group.double_td(tensordict_of(7))
     flagged = tensordict_of(7)
@@ -132,7 +132,7 @@ def test_point07_tensordict_padding_follows_dataproto_rules(group):
     assert group.rows_seen()[3] == [[6, 6], [4, 4]]
 
 
-def test_point07_tensordict_non_blocking_and_nd_mesh(group):
+def test_tensordict_future_feeds_the_next_call_and_nd_mesh_collects(group):
     DataProtoConfig.auto_padding = True
     future = group.double_td_later(tensordict_of(7))
     assert isinstance(future, DataProtoFuture)
@@ -145,10 +145,10 @@ def test_point07_tensordict_non_blocking_and_nd_mesh(group):
     assert out["rank"].tolist() == [0, 0, 0, 2, 2, 2]
 
 
-# ---- point 13: DataProtoFutures of different lengths ------------------------------------------
+# ---- DataProtoFutures of different lengths ------------------------------------------------------
 
 
-def test_point13_futures_of_different_lengths_fail_naming_both(group):
+def test_futures_of_different_lengths_fail_naming_both(group):
     six = group.produce(batch_of(6, auto_padding=True))
     eight = group.produce(batch_of(8))
     assert isinstance(six, DataProtoFuture) and isinstance(eight, DataProtoFuture)
@@ -160,7 +160,7 @@ def test_point13_futures_of_different_lengths_fail_naming_both(group):
         group.pair(six, batch_of(8))
 
 
-def test_point13_futures_of_equal_lengths_still_pair_row_by_row(group):
+def test_futures_of_equal_lengths_pair_row_by_row(group):
     first = group.produce(batch_of(6, auto_padding=True))
     second = group.produce(batch_of(6, auto_padding=True))
     out = group.pair(first, second)
@@ -168,15 +168,15 @@ def test_point13_futures_of_equal_lengths_still_pair_row_by_row(group):
     assert out.batch["other"].tolist() == list(range(6))
 
 
-# ---- point 15: a custom dispatch function wrapping a built-in one keeps the padding ----------
+# ---- a custom dispatch function wrapping a built-in one keeps the padding -----------------------
 
 
-def test_point15_repacking_custom_dispatch_keeps_padding(group):
+def test_custom_dispatch_repacking_the_builtin_split_keeps_padding(group):
     out = group.wrapped(batch_of(7, auto_padding=True))
     assert out.batch["idx"].tolist() == list(range(7))
 
 
-def test_point15_builtin_dispatch_carries_the_pad_in_kwargs_like_verl(group):
+def test_builtin_dispatch_carries_the_pad_size_in_kwargs_like_verl(group):
     from hybridflow_dask.protocol import PADDING_SIZE_KEY
 
     _, kwargs = dispatch_dp_compute_data_proto(group, batch_of(7, auto_padding=True))
@@ -185,10 +185,10 @@ def test_point15_builtin_dispatch_carries_the_pad_in_kwargs_like_verl(group):
     assert PADDING_SIZE_KEY not in kwargs
 
 
-# ---- point 22: DP_COMPUTE_METRIC with padding -------------------------------------------------
+# ---- DP_COMPUTE_METRIC with padding -------------------------------------------------------------
 
 
-def test_point22_metric_drops_entries_of_ranks_given_padding(group):
+def test_metric_drops_entries_of_ranks_given_padding(group):
     DataProtoConfig.auto_padding = True
     assert group.metric(batch_of(7)) == [
         {"rank": 0, "rows": 2},
@@ -202,7 +202,7 @@ def test_point22_metric_drops_entries_of_ranks_given_padding(group):
     assert len(group.metric(batch_of(8))) == 4
 
 
-def test_point22_metric_with_a_future_input_is_trimmed_too(group):
+def test_metric_with_a_future_input_drops_padded_ranks_too(group):
     DataProtoConfig.auto_padding = True
     future = group.produce(batch_of(7))
     assert [m["rank"] for m in group.metric(future)] == [0, 1, 2]

@@ -188,7 +188,7 @@ def closed_dask_futures(cluster) -> list[tuple[str, object]]:
     ]
 
 
-@pytest.fixture(scope="module", params=["local", "dask"])
+@pytest.fixture(scope="module", params=["local", pytest.param("dask", marks=pytest.mark.cluster)])
 def stage(request):
     stale, bare_local = closed_local_futures()
     if request.param == "local":

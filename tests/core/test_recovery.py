@@ -65,6 +65,7 @@ class Restores:
         self.group.set_count(self.value)
 
 
+@pytest.mark.cluster
 def test_a_step_is_retried_after_a_real_worker_kill_and_restore_gets_the_rebuilt_ranks(
     own_backend, hf_worker_group
 ):
@@ -95,6 +96,7 @@ def test_a_step_is_retried_after_a_real_worker_kill_and_restore_gets_the_rebuilt
     assert recovery.dead_ranks() == {}
 
 
+@pytest.mark.cluster
 def test_a_survivors_error_counts_as_a_lost_worker_when_a_rank_is_found_dead(
     own_backend, hf_worker_group
 ):
@@ -118,6 +120,7 @@ def test_a_survivors_error_counts_as_a_lost_worker_when_a_rank_is_found_dead(
     assert recovery.records[0].error == "RuntimeError: gloo: connection reset by peer"
 
 
+@pytest.mark.cluster
 def test_the_error_is_reraised_once_the_retries_are_spent(own_backend, hf_worker_group):
     counters = hf_worker_group(Counter, [2], backend=own_backend)
     restore = Restores(counters)
@@ -139,6 +142,7 @@ class Boom(Exception):
     pass
 
 
+@pytest.mark.cluster
 def test_other_exceptions_pass_through_untouched(own_backend, hf_worker_group):
     counters = hf_worker_group(Counter, [2], backend=own_backend)
     restore = Restores(counters)
@@ -200,15 +204,12 @@ def test_it_checks_its_arguments(hf_local_backend):
     assert hf.Recovery(fused, lambda rebuilt: None).run(lambda: 42) == 42
 
 
-def test_it_works_on_a_cluster_attached_by_address(hf_worker_group):
-    from distributed import LocalCluster
-
-    with (
-        LocalCluster(
-            n_workers=2, threads_per_worker=1, host="127.0.0.1", dashboard_address="127.0.0.1:0"
-        ) as cluster,
-        DaskBackend(address=cluster.scheduler_address) as backend,
-    ):
+@pytest.mark.cluster
+def test_it_works_on_a_cluster_attached_by_address(own_backend, hf_worker_group):
+    # The module's cluster (its workers are killed here anyway), attached by its address
+    # from a second backend: one the backend did not start.
+    own_backend.client.wait_for_workers(2, timeout=60)  # whole again after earlier kills
+    with DaskBackend(address=own_backend.cluster.scheduler_address) as backend:
         counters = hf_worker_group(Counter, [2], backend=backend)
         restore = Restores(counters, value=5)
         recovery = hf.Recovery([counters], restore)

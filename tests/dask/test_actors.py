@@ -80,20 +80,19 @@ def rows(n: int) -> hf.DataProto:
 # -- 1: materialize_futures=False on one-thread workers ------------------------------------
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_deadlock(path):
+def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_deadlock(
+    path_backend, hf_worker_group
+):
     # Two producer ranks feed one consumer rank: the consumer's rows must be re-split
-    # by tasks pinned to its own one-thread worker while its method waits for them.
-    with dask.config.set({"hybridflow.call-timeout": "20s"}):
-        backend = make_backend(path, n_workers=3)
-    try:
-        producer = hf.WorkerGroup(hf.ResourcePool([2]), Producer, backend=backend)
-        consumer = hf.WorkerGroup(hf.ResourcePool([1]), Consumer, backend=backend)
-        out = consumer.resolve_itself(producer.make(rows(6)))
-        assert torch.equal(out.batch["x"], torch.arange(6, dtype=torch.float32) + 1)
-        assert consumer.ping() == ["pong"]  # the instance is not wedged
-    finally:
-        backend.shutdown()
+    # by tasks pinned to its own one-thread worker while its method waits for them. The
+    # session's workers have one thread each (it only reads, so it shares them).
+    producer = hf_worker_group(Producer, [2], backend=path_backend)
+    consumer = hf_worker_group(Consumer, [1], backend=path_backend)
+    address = consumer._refs[0].slot.address
+    assert path_backend.client.scheduler_info()["workers"][address]["nthreads"] == 1
+    out = consumer.resolve_itself(producer.make(rows(6)))  # a deadlock: the 60 s call-timeout
+    assert torch.equal(out.batch["x"], torch.arange(6, dtype=torch.float32) + 1)
+    assert consumer.ping() == ["pong"]  # the instance is not wedged
 
 
 # -- 2: an input lost with its worker on an attached cluster -------------------------------
@@ -109,6 +108,7 @@ def plain_cluster():
     cluster.close()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_an_input_lost_with_its_worker_fails_the_chain_but_not_the_consumer(path, plain_cluster):
     backend = make_backend(path, cluster=plain_cluster)
@@ -129,6 +129,7 @@ def test_an_input_lost_with_its_worker_fails_the_chain_but_not_the_consumer(path
         backend.shutdown()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_a_kept_result_whose_worker_died_fails_its_gather_naming_the_rank(path, plain_cluster):
     """The result is finished and kept on its worker when the worker is killed: gathering
@@ -188,12 +189,22 @@ class EnvReader(hf.Worker):
         return seen
 
 
-@pytest.mark.parametrize("path", PATHS)
-def test_colocated_instances_called_at_once_never_see_each_others_environment(path):
+@pytest.fixture(scope="module")
+def two_thread_worker():
+    """One worker process with two task threads, shared by the paths (the test only reads)."""
     cluster = LocalCluster(
         n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
     )
-    backend = make_backend(path, cluster=cluster)
+    yield cluster
+    cluster.close()
+
+
+@pytest.mark.cluster
+@pytest.mark.parametrize("path", PATHS)
+def test_colocated_instances_called_at_once_never_see_each_others_environment(
+    path, two_thread_worker
+):
+    backend = make_backend(path, cluster=two_thread_worker)
     try:
         pool = hf.ResourcePool([1])
         a = hf.WorkerGroup(pool, EnvReader, backend=backend, worker_env={"WHO": "a"})
@@ -206,7 +217,6 @@ def test_colocated_instances_called_at_once_never_see_each_others_environment(pa
             assert set(hf.get(future)[0]) == {who}
     finally:
         backend.shutdown()
-        cluster.close()
 
 
 # -- 5: async instances keep a running loop; their calls overlap ---------------------------
@@ -267,6 +277,7 @@ def test_methods_run_in_the_instances_own_thread(path_backend, hf_worker_group):
 # -- 6: two backends on one client both learn of a dead worker ------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_two_backends_on_one_client_both_detect_a_dead_worker(path, plain_cluster):
     client = Client(plain_cluster, set_as_default=False)
@@ -323,6 +334,7 @@ def test_a_group_shut_down_with_a_failing_call_pending_leaves_nothing_on_the_wor
 # -- 8: a future of a backend that was shut down ------------------------------------------
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", PATHS)
 def test_getting_a_pending_future_after_shutdown_says_the_backend_was_shut_down(path):
     backend = make_backend(path, n_workers=1)

@@ -130,7 +130,10 @@ def make_backend(path: str, request: pytest.FixtureRequest) -> Any:
         return DaskBackend(cluster=request.getfixturevalue("hf_dask_cluster"))
 
 
-@pytest.fixture(scope="module", params=["local", *PATHS])
+@pytest.fixture(
+    scope="module",
+    params=["local", *(pytest.param(path, marks=pytest.mark.cluster) for path in PATHS)],
+)
 def groups(request):
     """A (2 ranks), B on a pool of its own, C colocated with A; one backend per path."""
     backend = make_backend(request.param, request)
@@ -372,7 +375,9 @@ def _shut_down(group: Any, backend: Any) -> None:
 
 
 @pytest.mark.timeout(180)
-@pytest.mark.parametrize("path", ["local", *PATHS])
+@pytest.mark.parametrize(
+    "path", ["local", *(pytest.param(path, marks=pytest.mark.cluster) for path in PATHS)]
+)
 def test_mixed_large_and_small_traffic_from_many_threads_on_one_lane_finishes(path, request):
     def sends(size: int = 128 * 1024, count: int = 60) -> None:
         for i in range(count):

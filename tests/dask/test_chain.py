@@ -58,6 +58,7 @@ def wide_backend():
     backend.shutdown()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("producers", [1, 2, 3, 4])
 @pytest.mark.parametrize("consumers", [1, 2, 3, 4])
 def test_chain_keeps_rows_and_values_for_every_world_size_pair(

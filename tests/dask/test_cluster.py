@@ -63,6 +63,7 @@ def _destroy_pg(worker, data):
     return data
 
 
+@pytest.mark.cluster
 def test_pool_larger_than_an_external_cluster_is_a_value_error():
     from distributed import LocalCluster
 
@@ -83,6 +84,7 @@ def test_use_gpu_on_a_cpu_cluster_is_a_value_error(hf_dask_backend):
         hf.WorkerGroup(hf.ResourcePool([1], use_gpu=True), Echo, backend=hf_dask_backend)
 
 
+@pytest.mark.cluster
 def test_worker_names_and_task_keys_are_visible_to_the_scheduler(hf_worker_group):
     with DaskBackend() as backend:
         group = hf_worker_group(Echo, [2], backend=backend, name_prefix="critic")
@@ -119,6 +121,7 @@ def test_local_cluster_choice_from_the_gpu_probe(gpus, cuda_ok, kind):
         assert "hybridflow-dask[cuda]" in choice.reason
 
 
+@pytest.mark.cluster
 def test_default_backend_starts_a_local_dask_cluster_and_closes_it_at_exit(tmp_path):
     script = tmp_path / "driver.py"
     script.write_text(
@@ -168,6 +171,7 @@ def _size_and_sum(data):
     return sizeof(data), float(data.batch["x"].sum())
 
 
+@pytest.mark.cluster
 @pytest.mark.gpu
 def test_local_cuda_cluster_pins_one_worker_per_gpu():
     """Runs only with a GPU: the owned cluster is a LocalCUDACluster, one worker per device."""

@@ -220,6 +220,7 @@ def own_backend():
     backend.shutdown()
 
 
+@pytest.mark.cluster
 def test_a_killed_workers_lost_calls_and_the_recovery_are_events(own_backend, hf_worker_group):
     group = hf_worker_group(Napper, [2], backend=own_backend, name_prefix="victim")
     pids = group.pid()

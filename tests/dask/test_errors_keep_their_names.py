@@ -115,6 +115,7 @@ class Slow(hf.Worker):
         return float(tensors.sum())
 
 
+@pytest.mark.cluster
 def test_shutting_down_under_a_waiting_thread_is_the_shutdown_runtime_error():
     backend = DaskBackend(n_workers=1)
     try:
@@ -138,6 +139,7 @@ def test_shutting_down_under_a_waiting_thread_is_the_shutdown_runtime_error():
     assert type(outcome[0]) is RuntimeError and "shut down" in str(outcome[0])
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", ["lane", "task"])
 def test_a_producer_killed_while_its_result_moves_is_a_worker_lost_error_naming_it(path):
     with _own(path) as backend:
@@ -177,6 +179,7 @@ class Taker(hf.Worker):
         return tensor.numel()
 
 
+@pytest.mark.cluster
 def test_a_worker_killed_while_the_task_path_sends_it_arguments_is_a_worker_lost_error():
     with _own("task") as backend:
         group = hf.WorkerGroup(hf.ResourcePool([1]), Taker, backend=backend, name_prefix="taker")

@@ -19,6 +19,9 @@ import pytest
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, WorkerLostError
 
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 
 class Sleeper(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)

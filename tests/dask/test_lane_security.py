@@ -157,6 +157,7 @@ def test_the_worker_must_prove_the_token_too():
     listener.close()
 
 
+@pytest.mark.cluster
 def test_another_local_process_cannot_be_named_as_the_peer_to_copy_from():
     """The claim proves the token but names another process's memory (which holds the
     token itself): the worker refuses to copy from it, and refuses frames left there."""

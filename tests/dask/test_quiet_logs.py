@@ -47,6 +47,7 @@ def _all_logs(backend: DaskBackend) -> str:
     return "\n".join(lines)
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", ["direct", "task"])
 def test_a_user_error_is_reported_once_by_the_driver_and_a_dead_worker_still_shows(path, caplog):
     with dask.config.set({"hybridflow.call-path": path}):
@@ -73,6 +74,7 @@ def test_a_user_error_is_reported_once_by_the_driver_and_a_dead_worker_still_sho
         backend.shutdown()
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("path", ["direct", "task"])
 def test_teardown_after_a_failed_constructor_is_silent_and_leaves_nothing(path):
     with dask.config.set({"hybridflow.call-path": path}):
@@ -108,6 +110,7 @@ def _task_states(dask_scheduler) -> dict:
     return {str(key): task.state for key, task in dask_scheduler.tasks.items()}
 
 
+@pytest.mark.cluster
 def test_shutdown_is_quick_and_clean(capfd):
     backend = DaskBackend(n_workers=2)
     group = hf.WorkerGroup(hf.ResourcePool([2]), Faulty, backend=backend)
@@ -120,6 +123,7 @@ def test_shutdown_is_quick_and_clean(capfd):
     assert elapsed < 3.5, f"shutdown took {elapsed:.1f}s"  # ~0.1-0.2 s quiet; CI is busy
 
 
+@pytest.mark.cluster
 def test_a_program_that_ends_without_shutdown_exits_silently(tmp_path):
     script = tmp_path / "program.py"
     script.write_text(

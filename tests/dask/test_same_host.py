@@ -83,6 +83,7 @@ def test_a_reader_that_cannot_copy_refuses_a_frame_left_in_place():
             read_message(b.makefile("rb"), pull_from=None)
 
 
+@pytest.mark.cluster
 def test_another_process_is_trusted_only_when_its_memory_holds_the_secret():
     secret = os.urandom(16)
     holder = subprocess.Popen(

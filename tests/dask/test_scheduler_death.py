@@ -21,7 +21,8 @@ import pytest
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, SchedulerLostError
 
-pytestmark = pytest.mark.timeout(120)
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = [pytest.mark.cluster, pytest.mark.timeout(120)]
 
 
 class Pinger(hf.Worker):

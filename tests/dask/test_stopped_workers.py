@@ -19,6 +19,8 @@ from distributed import LocalCluster
 
 import hybridflow_dask as hf
 
+pytestmark = pytest.mark.cluster  # a cluster of its own (its worker gets stopped)
+
 LIMIT_S = 2.0
 
 

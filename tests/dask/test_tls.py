@@ -87,6 +87,7 @@ def host_port(address: str) -> str:
     return address.partition("://")[2]
 
 
+@pytest.mark.cluster
 def test_an_owned_cluster_speaks_only_tls(tls_backend):
     address = tls_backend.client.scheduler.address
     assert address.startswith("tls://")
@@ -95,6 +96,7 @@ def test_an_owned_cluster_speaks_only_tls(tls_backend):
     assert call_double(tls_backend) == [42]
 
 
+@pytest.mark.cluster
 @pytest.mark.parametrize("scheme", ["tls://", "tcp://"])
 def test_a_client_without_credentials_cannot_connect(tls_backend, scheme):
     address = scheme + host_port(tls_backend.client.scheduler.address)
@@ -106,6 +108,7 @@ def test_a_client_without_credentials_cannot_connect(tls_backend, scheme):
         connect._discard(client)
 
 
+@pytest.mark.cluster
 def test_attaching_without_credentials_says_tls(tls_backend, short_connect):
     address = tls_backend.client.scheduler.address
     with pytest.raises(SchedulerUnreachableError, match="TLS") as caught:
@@ -116,6 +119,7 @@ def test_attaching_without_credentials_says_tls(tls_backend, short_connect):
         dask_backend.DaskBackend(address="tcp://" + host_port(address))
 
 
+@pytest.mark.cluster
 def test_credentials_that_do_not_fit_say_tls(tls_backend, security, certs, short_connect):
     address = tls_backend.client.scheduler.address
     with pytest.raises(SchedulerUnreachableError, match=r"TLS.*tcp://.*tls://"):
@@ -125,6 +129,7 @@ def test_credentials_that_do_not_fit_say_tls(tls_backend, security, certs, short
         dask_backend.DaskBackend(address=address, security=stranger)
 
 
+@pytest.mark.cluster
 def test_attaching_with_the_same_security_works(tls_backend, security):
     address = tls_backend.client.scheduler.address
     with dask_backend.DaskBackend(address=address, security=security) as attached:
@@ -133,6 +138,7 @@ def test_attaching_with_the_same_security_works(tls_backend, security):
     assert call_double(tls_backend) == [42]  # the attached backend left the cluster running
 
 
+@pytest.mark.cluster
 def test_a_given_client_or_cluster_keeps_its_own_security(tls_backend, security):
     with pytest.raises(ValueError, match="carries its own"):
         dask_backend.DaskBackend(cluster=tls_backend.cluster, security=security)
@@ -152,12 +158,14 @@ def test_security_true_without_cryptography_says_what_is_missing(monkeypatch):
         dask_backend.DaskBackend(security=True, n_workers=1)
 
 
+@pytest.mark.cluster
 def test_security_true_makes_temporary_credentials():
     with dask_backend.DaskBackend(security=True, n_workers=1) as backend:
         assert backend.client.scheduler.address.startswith("tls://")
         assert call_double(backend) == [42]
 
 
+@pytest.mark.cluster
 def test_calls_on_a_tls_cluster_take_a_lane_that_runs_tls(tls_backend):
     """The fast path is not given up on TLS: blocking calls take the socket lane, over TLS
     with the cluster's certificates, and a 2 MiB argument and reply cross it whole."""
@@ -172,6 +180,7 @@ def test_calls_on_a_tls_cluster_take_a_lane_that_runs_tls(tls_backend):
         group.shutdown()
 
 
+@pytest.mark.cluster
 def test_a_lane_peer_without_the_clusters_certificate_is_refused(tls_backend, security, certs):
     """Knowing the lane's port and a valid token is not enough without a certificate the
     cluster's CA signed: the TLS handshake fails before any byte of the lane is read."""

@@ -24,14 +24,6 @@ PAGES = [ROOT / "README.md", ROOT / "CONTRIBUTING.md", *sorted((ROOT / "docs").r
 TAGS = {"long", "gpu", "cluster", "slurm", "root", "network", "template"}
 BLOCK = re.compile(r"^[ \t]*```(bash|sh|console)[ \t]*\n(.*?)^[ \t]*```", re.M | re.S)
 TAG = re.compile(r"\[([a-z]+)\]")
-#: Commands in pages this change may not edit yet, with why they are not run.
-UNTAGGED_FOR_NOW = {
-    (
-        "docs/backends.md",
-        "pytest --hf-backend=mypkg.backend:make_backend --pyargs "
-        "hybridflow_dask.testing.conformance",
-    ): "template: mypkg is the reader's package (tag it [template] in docs/backends.md)",
-}
 
 
 @dataclass(frozen=True)
@@ -118,7 +110,6 @@ def test_no_command_uses_a_bare_python_or_pip():
         for c in ALL
         if shlex.split(c.text)[0] in {"python", "python3", "pip", "pip3", "pytest", "mkdocs"}
         and "template" not in c.tags
-        and (c.page, c.text) not in UNTAGGED_FOR_NOW
     ]
     assert not bare, "use .venv/bin/..., or tag the command:\n" + "\n".join(bare)
 
@@ -160,7 +151,7 @@ def _fresh_copy(into: Path) -> Path:
     return into
 
 
-RUNNABLE = [c for c in ALL if not c.tags and (c.page, c.text) not in UNTAGGED_FOR_NOW]
+RUNNABLE = [c for c in ALL if not c.tags]
 
 
 @pytest.fixture(scope="module")

@@ -96,6 +96,7 @@ def test_cli_demo_rejects_bad_worker_count_before_starting_anything(capsys):
     assert "divisible" in capsys.readouterr().err
 
 
+@pytest.mark.cluster
 def test_cli_demo_survives_a_killed_worker_and_still_learns(tmp_path, capsys):
     """The fault drill end to end: rank 1's process is SIGKILLed in step 12 of 30; the run
     rebuilds it, reloads the step-10 checkpoint on both ranks and finishes every step.

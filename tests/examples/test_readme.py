@@ -7,6 +7,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 README = Path(__file__).resolve().parents[2] / "README.md"
 
 

@@ -17,7 +17,7 @@ from gpu_helpers import Consumer, Producer
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cluster]  # a GPU cluster (tests/conftest.py)
 
 ROWS = 16
 

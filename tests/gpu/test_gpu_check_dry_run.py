@@ -18,6 +18,9 @@ from pathlib import Path
 
 import pytest
 
+# Every test here starts processes (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 ROOT = Path(__file__).resolve().parents[2]
 STEPS = (
     "wheels: the set, one version each, within the carry limit: ok",

@@ -23,7 +23,7 @@ import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.rank_env import gpu_id
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cluster]  # a GPU cluster (tests/conftest.py)
 
 DASK_CUDA_ORDER = (
     "dask-cuda's preload starts each worker's CUDA context with its own GPU first "

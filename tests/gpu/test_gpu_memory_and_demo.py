@@ -13,7 +13,7 @@ import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.examples.grpo import GRPOConfig, run_demo
 
-pytestmark = pytest.mark.gpu
+pytestmark = [pytest.mark.gpu, pytest.mark.cluster]  # a GPU cluster (tests/conftest.py)
 
 HOLD = 4 * GiB
 #: What a worker's CUDA context and torch's kernels may take beyond the tensors (~0.5 GiB

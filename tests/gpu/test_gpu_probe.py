@@ -37,6 +37,7 @@ def test_count_visible_gpus_reads_cuda_visible_devices_as_cuda_does(visible, nvm
     assert count_visible_gpus(visible, nvml) == expected
 
 
+@pytest.mark.cluster
 def test_release_device_memory_does_nothing_in_a_process_that_never_started_cuda():
     code = (
         "import torch, sys\n"

@@ -9,6 +9,11 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+# Every test here starts a process (see tests/conftest.py).
+pytestmark = pytest.mark.cluster
+
 SCRIPT = """
 import sys
 import hybridflow_dask as hf

@@ -191,6 +191,7 @@ def test_a_second_driver_process_attaches_by_address_and_its_shutdown_only_disco
     assert group.count() == [3, 3], "the second driver's shutdown stopped the first's ranks"
 
 
+@pytest.mark.cluster
 def test_an_address_where_no_ray_answers_is_one_line_and_exit_2():
     with socket.socket() as sock:  # a port nothing listens on
         sock.bind(("127.0.0.1", 0))

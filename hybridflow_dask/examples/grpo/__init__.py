@@ -7,16 +7,16 @@ a lost worker with ``hf.Recovery``, and ``kill_worker_at=S`` kills one to show i
 """
 
 from .config import GRPOConfig
-from .driver import BACKENDS, grpo_workers, open_backend, run_demo
+from .driver import UnsuitableBackendError, grpo_workers, open_backend, run_demo
 from .task import ReverseTask
 from .workers import ActorRolloutRefWorker, RewardWorker, group_relative_advantages
 
 __all__ = [
-    "BACKENDS",
     "ActorRolloutRefWorker",
     "GRPOConfig",
     "ReverseTask",
     "RewardWorker",
+    "UnsuitableBackendError",
     "group_relative_advantages",
     "grpo_workers",
     "open_backend",

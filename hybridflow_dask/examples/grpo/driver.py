@@ -37,12 +37,19 @@ from typing import Any, cast
 import torch
 
 import hybridflow_dask as hf
+from hybridflow_dask.backends import registry
 from hybridflow_dask.backends.base import Backend
 
 from .config import GRPOConfig
 from .workers import ActorRolloutRefWorker, RewardWorker, make_task
 
-__all__ = ["BACKENDS", "CHECKPOINT_NAME", "grpo_workers", "open_backend", "run_demo"]
+__all__ = [
+    "CHECKPOINT_NAME",
+    "UnsuitableBackendError",
+    "grpo_workers",
+    "open_backend",
+    "run_demo",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -51,26 +58,19 @@ StepCallback = Callable[[dict[str, Any]], None]
 #: The checkpoint's file name in ``checkpoint_dir`` (one file, replaced at each save).
 CHECKPOINT_NAME = "checkpoint.pt"
 
-#: The backends ``run_demo`` (and ``hybridflow-dask demo --backend``) can start by name.
-BACKENDS = ("dask", "ray")
+
+class UnsuitableBackendError(ValueError):
+    """The backend cannot run the demo as asked (two ranks in one process, say)."""
 
 
 @contextmanager
 def open_backend(name: str, address: str | None = None) -> Iterator[Backend]:
-    """The backend called ``name`` (``"dask"`` or ``"ray"``), started here, or attached
+    """The installed backend called ``name`` (``"dask"``, ``"ray"``, ``"local"`` or one a
+    package registers: ``hybridflow_dask.backends.registry``), started here, or attached
     to the cluster at ``address``, and shut down on exit: the one argument that moves the
-    same driver code between Dask and Ray."""
-    backend: Backend
-    if name == "dask":
-        from hybridflow_dask.backends.dask import DaskBackend
-
-        backend = DaskBackend(address=address) if address else DaskBackend()
-    elif name == "ray":
-        from hybridflow_dask.backends.ray import RayBackend  # needs the 'ray' extra
-
-        backend = RayBackend(address=address)
-    else:
-        raise ValueError(f"unknown backend {name!r}; choose one of {', '.join(BACKENDS)}")
+    same driver code between backends."""
+    kwargs = {} if address is None else {"address": address}
+    backend: Backend = registry.open_backend(name, **kwargs)
     try:
         yield backend
     finally:
@@ -98,6 +98,7 @@ def grpo_workers(
     with hf.WorkerGroup(pool, fused_cls, backend=backend, name_prefix=_group_name()) as fused:
         roles = fused.spawn(prefix_set=["actor_rollout_ref", "reward"])
         actor = roles["actor_rollout_ref"]
+        _check_a_process_per_rank(actor)
         try:
             actor.join_process_group(0)
             yield fused, actor, roles["reward"]
@@ -106,6 +107,20 @@ def grpo_workers(
                 actor.release()
             except Exception:  # a dead rank must not hide the error that killed it
                 logger.warning("could not release the torch process groups", exc_info=True)
+
+
+def _check_a_process_per_rank(actor: hf.WorkerGroup) -> None:
+    """The ranks join one gloo process group, which needs a process per rank: two ranks in
+    one process (a backend that runs them inline, like ``local``) would wait for each
+    other forever, so that is an error up front."""
+    pids = actor.pid()
+    if len(set(pids)) < len(pids):
+        raise UnsuitableBackendError(
+            f"the GRPO demo needs a process per rank (the ranks join one torch process "
+            f"group), but backend {actor.backend.name!r} runs its {len(pids)} ranks in "
+            f"{len(set(pids))} process(es): use world_size=1 (--workers 1) or a backend with "
+            "a process per rank, such as dask or ray"
+        )
 
 
 def _group_name() -> str:
@@ -283,7 +298,14 @@ def _drill_target(actor: hf.WorkerGroup, rank: int) -> int:
             f"the fault drill kills rank {rank} by its pid, but it runs on {hosts[rank]!r}, "
             f"not on this machine ({socket.gethostname()!r}); run the drill on a local cluster"
         )
-    return actor.pid()[rank]
+    pid = actor.pid()[rank]
+    if pid == os.getpid():
+        raise UnsuitableBackendError(
+            f"the fault drill kills rank {rank}'s process, which is this driver's (backend "
+            f"{actor.backend.name!r} runs ranks in the driver): use a backend with worker "
+            "processes, such as dask or ray"
+        )
+    return pid
 
 
 def _reduce(reward_stats: list[dict[str, float]], actor_stats: list[dict[str, float]]) -> dict:
