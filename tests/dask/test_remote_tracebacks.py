@@ -106,6 +106,7 @@ if __name__ == "__main__":
 """
 
 
+@pytest.mark.cluster  # a driver script in a process of its own
 def test_a_class_from_the_drivers_main_script_shows_that_script_and_its_lines(tmp_path):
     script = tmp_path / "my_driver.py"
     script.write_text(DRIVER)
