@@ -11,6 +11,8 @@ import textwrap
 import traceback
 from pathlib import Path
 
+import pytest
+
 import hybridflow_dask as hf
 from hybridflow_dask.backends.hosting.tracebacks import remote_traceback
 
