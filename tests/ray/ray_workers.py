@@ -1,4 +1,4 @@
-"""Worker classes the Ray tests run (a module of their own: slot hosts import it)."""
+"""Worker classes the Ray tests run (a module of their own: slot actors import it)."""
 
 from __future__ import annotations
 

@@ -93,7 +93,7 @@ def test_a_long_call_does_not_hold_up_routing_on_its_slot(groups, backend):
     pool = hf.ResourcePool([1])
     slow, other = groups(pool), groups(pool)
     pids = slow.pid()
-    assert pids == other.pid(), "groups on one pool must share the slot host"
+    assert pids == other.pid(), "groups on one pool must share the slot actor"
     sleeping = slow.sleep(3.0)
     start = time.monotonic()
     routed = backend.submit(os.getpid, slot=slow.workers[0].slot, label="t.pid")
@@ -154,7 +154,7 @@ def test_a_pool_the_cluster_cannot_hold_is_a_value_error_saying_what_is_missing(
 def test_free_port_can_be_bound_on_the_slot_hosts_address(groups, backend):
     slot = groups([1]).workers[0].slot
     port = backend.free_port(slot)
-    with socket.socket() as sock:  # the slot host runs on this machine
+    with socket.socket() as sock:  # the slot actor runs on this machine
         sock.bind((slot.host, port))
 
 

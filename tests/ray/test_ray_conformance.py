@@ -2,7 +2,7 @@
 
 The kit runs on the session's backend (``hf_backend`` overridden: the kit does not shut
 it down); its second driver and the backend its shutdown test closes are each one more
-``RayBackend`` attached to the same Ray (another driver id, its own slot hosts and call
+``RayBackend`` attached to the same Ray (another driver id, its own slot actors and call
 numbering, the same registry), so no Ray is started here.
 """
 

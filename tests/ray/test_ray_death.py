@@ -1,4 +1,4 @@
-"""A slot host killed for real (SIGKILL to its process): what calls, inputs and
+"""A slot actor killed for real (SIGKILL to its process): what calls, inputs and
 ``alive`` say, and ``recover()`` rebuilding colocated ranks in one new process."""
 
 from __future__ import annotations

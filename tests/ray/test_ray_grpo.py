@@ -21,7 +21,7 @@ LEARN_STEPS = 30
 
 
 class Borrowed:
-    """The session's backend as the demo's own ``RayBackend``: the same Ray and slot hosts
+    """The session's backend as the demo's own ``RayBackend``: the same Ray and slot actors
     (no new processes to start), and a ``shutdown`` that leaves them to the session."""
 
     def __init__(self, backend: Any) -> None:

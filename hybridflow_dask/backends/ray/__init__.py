@@ -9,14 +9,14 @@ maps onto Ray:
   a bundle asks for one, so a pool's size never depends on the core count (a 2-core
   machine holds 6 slots); on another cluster a bundle asks for one CPU, plus a GPU for
   GPU pools.
-- **One slot host actor per bundle hosts every instance on the slot.** Groups on one
+- **One slot actor per bundle hosts every instance on the slot.** Groups on one
   pool (the ranks of colocated roles) are instances in the same actor process, as on a
   Dask worker, rather than one actor each in a shared bundle. That is what colocation
   means in this package (rank ``i`` of every group on a pool shares a process, one CUDA
   context and the instance's objects, as verl gets by fusing the classes into one
   actor), and one process per slot keeps memory and start-up to one Python with torch
   per rank. Each instance still has its own thread, event loop and environment inside
-  the host (``host.SlotHost``).
+  the slot actor (``worker.slot_actor.SlotActor``).
 - **Calls are actor method calls, results are ObjectRefs.** A call is
   ``host.call.remote(...)``; its result stays in the Ray object store and a
   ``RayFuture`` (the ``ObjectRef`` and who made it) is what the driver holds. A future
@@ -47,7 +47,7 @@ them out read-only; the host copies those).
 
 from __future__ import annotations
 
-from .backend import NAMESPACE, SLOT_RESOURCE, RayBackend
+from .driver.backend import NAMESPACE, SLOT_RESOURCE, RayBackend
 from .futures import RayFuture
 
 __all__ = ["NAMESPACE", "SLOT_RESOURCE", "RayBackend", "RayFuture"]

@@ -3,12 +3,12 @@
 A ``RayFuture`` is an ``ObjectRef`` plus where its value comes from (the group, method
 and rank, or a routing function's label, and the slot), so a failure can name what was
 lost. In a call's arguments a future travels as an ``Input``: the reference rides inside
-the message instead of standing at the top level, and the slot host awaits it itself
+the message instead of standing at the top level, and the slot actor awaits it itself
 (Ray still fetches the object from wherever it lives, never through the driver); see
 ``host`` for why. ``translate`` turns Ray's errors into the contract's: a method's own
 exception (``RayTaskError.cause``) with its notes, and ``WorkerLostError`` for a dead
-actor or lost object. ``resolve_all`` is the gather both sides use; ``HostRunner`` is the
-runner a ``DataProtoFuture`` gets inside a slot host.
+actor or lost object. ``resolve_all`` is the gather both sides use; ``SlotRunner`` is the
+runner a ``DataProtoFuture`` gets inside a slot actor.
 """
 
 from __future__ import annotations
@@ -24,9 +24,9 @@ from ...protocol import DataProto, DataProtoFuture
 from ..base import Slot, WorkerLostError
 
 __all__ = [
-    "HostRunner",
     "Input",
     "RayFuture",
+    "SlotRunner",
     "is_lost",
     "mark_inputs",
     "resolve_all",
@@ -228,8 +228,8 @@ def writable(value: Any, depth: int = 0) -> Any:
     return value
 
 
-class HostRunner:
-    """The ``FutureRunner`` of a ``DataProtoFuture`` inside a slot host.
+class SlotRunner:
+    """The ``FutureRunner`` of a ``DataProtoFuture`` inside a slot actor.
 
     Routing functions go to the host of the slot they are asked for (found by its actor
     name), or to this host; gathering waits with ``resolve_all``. Picklable: it travels
@@ -274,7 +274,7 @@ class HostRunner:
                 handle = ray.get_actor(slot.address, namespace=self.namespace)
             except ValueError:
                 raise WorkerLostError(
-                    f"the slot host {slot.address} on {slot.host} is gone (no actor of that "
+                    f"the slot actor {slot.address} on {slot.host} is gone (no actor of that "
                     "name): the data routed there was lost with it"
                 ) from None
             self._handles[slot.address] = handle

@@ -9,8 +9,9 @@ hops beyond the one into the instance's own thread (about a third of a milliseco
 round trip here, against over a millisecond through the loops).
 
 The lane is learned over the worker's Dask comm (its port and a random token the
-connecting side must present first), so it is no more open than that comm. Clusters
-whose comms are encrypted (``tls://``) or not TCP keep every call on the Dask comm.
+connecting side must present first), so it is no more open than that comm. On a cluster
+whose comms are encrypted (``tls://``) the lane runs TLS with the cluster's own
+certificates; clusters whose comms are not TCP keep every call on the Dask comm.
 
 When both ends share a host and may read each other's memory (checked as the lane
 opens, see ``same_host``), large frames are not written to the socket at all: the reader

@@ -1,6 +1,6 @@
-"""The cluster side of the Ray backend: one ``SlotHost`` actor per slot, and the registry.
+"""The cluster side of the Ray backend: one ``SlotActor`` per slot.
 
-A ``SlotHost`` is an async Ray actor living in one placement-group bundle. It hosts every
+A ``SlotActor`` is an async Ray actor living in one placement-group bundle. It hosts every
 instance placed on its slot (the ranks of colocated groups) in the backend-neutral
 ``hosting.Instances``: an actor each (a thread, an event loop for ``async def`` methods,
 an environment switched in while it runs, calls taken in the driver's sequence order),
@@ -37,11 +37,11 @@ from typing import Any
 
 import ray
 
-from ..base import InstanceRef
-from ..hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
-from .futures import Input, has_inputs, is_lost, translate, writable
+from ...base import InstanceRef
+from ...hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
+from ..futures import Input, has_inputs, is_lost, translate, writable
 
-__all__ = ["SlotHost"]
+__all__ = ["SlotActor"]
 
 #: Threads that run routing functions (``Backend.submit``) in one host.
 FN_THREADS = 4
@@ -52,7 +52,7 @@ BIRTH_WAIT_S = 60.0
 GONE_KEPT = 10_000
 
 
-class SlotHost:
+class SlotActor:
     """Every instance on one slot; made a Ray actor by the backend (``ray.remote``)."""
 
     def __init__(self, address: str) -> None:
@@ -66,7 +66,7 @@ class SlotHost:
         self._node_ip = ray.util.get_node_ip_address()
 
     def __repr__(self) -> str:  # Ray prefixes the process's output lines with it
-        return f"SlotHost({self.address})"
+        return f"SlotActor({self.address})"
 
     # -- the driver's questions ------------------------------------------------------------
 
@@ -174,7 +174,7 @@ class SlotHost:
             if actor is not None:
                 return actor
         raise LookupError(
-            f"instance {key.split('#')[0]!r} is not in slot host {self.address}: its group "
+            f"instance {key.split('#')[0]!r} is not in slot actor {self.address}: its group "
             "was shut down, or its process was replaced (see WorkerGroup.recover)"
         )
 

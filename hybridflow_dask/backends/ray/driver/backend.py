@@ -1,23 +1,19 @@
-"""``RayBackend``: the driver side. Places pools as placement groups, starts one slot host
+"""``RayBackend``: the driver side. Places pools as placement groups, starts one slot
 actor per bundle, numbers each instance's calls, and reads deaths from Ray's errors.
 
-See the package docstring for the design and ``host`` for the cluster side.
+See the package docstring for the design and ``worker.slot_actor`` for the cluster side.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
 import pickle
-import socket
-import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import ray
@@ -25,68 +21,34 @@ from ray import exceptions as rex
 from ray.util.placement_group import PlacementGroup, placement_group, remove_placement_group
 from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-from ...protocol import DataProtoFuture
-from ..base import InstanceRef, Slot, WorkerLostError
-from .futures import HostRunner, RayFuture, mark_inputs, resolve_all, translate
-from .host import SlotHost
+from ....protocol import DataProtoFuture
+from ...base import InstanceRef, Slot, WorkerLostError
+from ..futures import RayFuture, SlotRunner, mark_inputs, resolve_all, translate
+from ..worker.slot_actor import SlotActor
+from .connect import check_answers, with_driver_paths
+from .registry import REGISTRY_NAME, RegistryActor
 
 __all__ = ["NAMESPACE", "SLOT_RESOURCE", "RayBackend"]
 
 logger = logging.getLogger(__name__)
 
-#: The Ray namespace of the slot hosts and the registry (what a second driver joins).
+#: The Ray namespace of the slot actors and the registry (what a second driver joins).
 NAMESPACE = "hybridflow"
 #: The logical resource a cluster the backend starts has one of per slot.
 SLOT_RESOURCE = "hf_slot"
-#: The registry actor's name in the namespace.
-REGISTRY_NAME = "hybridflow-registry"
-#: Calls one slot host may have in flight (waiting for their turn or running).
+#: Calls one slot actor may have in flight (waiting for their turn or running).
 MAX_CONCURRENCY = 10_000
-#: How long new slot hosts may take to start (a process importing torch, on a busy machine).
+#: How long new slot actors may take to start (a process importing torch, on a busy machine).
 START_WAIT_S = 120.0
-#: How long a short question to a slot host (a port, the registry) may take.
+#: How long a short question to a slot actor (a port, the registry) may take.
 ASK_WAIT_S = 60.0
-#: How long ``RayBackend(address=...)`` waits for the address to accept a connection.
-CONNECT_WAIT_S = 5.0
 
-_HostActor: Any = ray.remote(SlotHost)
-
-
-def _registry_class() -> Any:
-    """The registry: each group's ``InstanceRef``s by rank, so ``lookup`` works from any
-    driver on the cluster. Defined in a function so Ray ships the class by value and its
-    process imports nothing but Ray (it starts in a second, not after torch); it keeps
-    the refs pickled, with the uid that tells a rank's incarnations apart."""
-
-    class Registry:
-        def __init__(self) -> None:
-            self.groups: dict[str, dict[int, tuple[str, bytes]]] = {}
-
-        def put(self, group: str, rank: int, uid: str, blob: bytes) -> None:
-            """Add an instance; it replaces an earlier one of that rank (a recovered one)."""
-            self.groups.setdefault(group, {})[rank] = (uid, blob)
-
-        def get(self, group: str) -> list[bytes]:
-            return [blob for _, blob in self.groups.get(group, {}).values()]
-
-        def drop(self, group: str, uids: list[str]) -> None:
-            """Forget these instances (and the group once it has none)."""
-            members = self.groups.get(group, {})
-            for rank, (uid, _) in list(members.items()):
-                if uid in uids:
-                    del members[rank]
-            if not members:
-                self.groups.pop(group, None)
-
-    return ray.remote(Registry)
-
-
-_RegistryActor: Any = _registry_class()
+_SlotActor: Any = ray.remote(SlotActor)
 
 
 @dataclass(eq=False)
-class _Host:
-    """A slot host this backend started: its bundle, and where it runs once started."""
+class _StartedSlot:
+    """A slot actor this backend started: its bundle, and where it runs once started."""
 
     address: str
     handle: Any
@@ -156,7 +118,7 @@ class RayBackend:
             if address is None:
                 options["resources"] = {SLOT_RESOURCE: float(max_slots)}
             else:
-                _check_answers(address)
+                check_answers(address)
                 options["address"] = address
             extra = dict(init_kwargs)
             if address is None or "resources" in extra:
@@ -164,7 +126,7 @@ class RayBackend:
                     **options.get("resources", {}),
                     **extra.pop("resources", {}),
                 }
-            options["runtime_env"] = _with_driver_paths(extra.pop("runtime_env", None))
+            options["runtime_env"] = with_driver_paths(extra.pop("runtime_env", None))
             options.update(extra)
             ray.init(**options)
             self._owns_ray = True
@@ -187,7 +149,7 @@ class RayBackend:
         self._lock = threading.RLock()
         self._order_locks: dict[str, threading.Lock] = {}
         self._seq: dict[str, int] = {}
-        self._own: dict[str, _Host] = {}  # the hosts this backend started, by address
+        self._own: dict[str, _StartedSlot] = {}  # the hosts this backend started, by address
         self._idle: list[str] = []  # released hosts kept for reuse (reuse_processes)
         self._handles: dict[str, Any] = {}  # other drivers' hosts this one has called
         self._pg_hosts: dict[str, set[str]] = {}  # placement group id -> its live hosts
@@ -195,7 +157,7 @@ class RayBackend:
         self._dead: set[str] = set()
         self._groups: dict[str, dict[int, InstanceRef]] = {}  # made by this backend
         self._closed = False
-        self._registry = _RegistryActor.options(
+        self._registry = RegistryActor.options(
             name=REGISTRY_NAME,
             namespace=namespace,
             lifetime="detached",
@@ -208,7 +170,7 @@ class RayBackend:
         return f"{self._where}, namespace {self.namespace!r}"
 
     def __repr__(self) -> str:
-        state = "shut down" if self._closed else f"{len(self._own)} slot hosts"
+        state = "shut down" if self._closed else f"{len(self._own)} slot actors"
         return f"<RayBackend namespace={self.namespace!r} {state}>"
 
     def __enter__(self) -> RayBackend:
@@ -221,7 +183,7 @@ class RayBackend:
 
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
         """One bundle per rank, one STRICT_PACK placement group per node entry (so a
-        node's ranks share a Ray node), and a slot host started in every bundle."""
+        node's ranks share a Ray node), and a slot actor started in every bundle."""
         self._check_open()
         counts = [int(n) for n in process_on_nodes]
         need = sum(counts)
@@ -231,7 +193,7 @@ class RayBackend:
             bundle["GPU"] = bundle.get("GPU", 0.0) + 1.0
         self._check_fits(counts, bundle)
         pool_id = uuid.uuid4().hex[:6]
-        per_node: list[list[_Host]] = [self._take_idle(n, gpu) for n in counts]
+        per_node: list[list[_StartedSlot]] = [self._take_idle(n, gpu) for n in counts]
         groups = {
             node: placement_group(
                 [dict(bundle) for _ in range(n)],
@@ -241,7 +203,7 @@ class RayBackend:
             for node, n in enumerate(counts)
             if n and not per_node[node]
         }
-        fresh: list[_Host] = []
+        fresh: list[_StartedSlot] = []
         try:
             self._wait_placed(list(groups.values()), counts, bundle)
             for node, pg in groups.items():
@@ -311,7 +273,7 @@ class RayBackend:
         return True
 
     def replace(self, slot: Slot) -> Slot:
-        """A new slot host in the dead one's bundle (the same node, same resources)."""
+        """A new slot actor in the dead one's bundle (the same node, same resources)."""
         self._check_open()
         old = self._own.get(slot.address)
         if old is None:
@@ -455,7 +417,7 @@ class RayBackend:
     # -- lifetime -----------------------------------------------------------------------
 
     def shutdown(self) -> None:
-        """Drop this backend's groups from the registry, kill the slot hosts and placement
+        """Drop this backend's groups from the registry, kill the slot actors and placement
         groups it started, and stop Ray if it started it (idempotent)."""
         with self._lock:
             if self._closed:
@@ -473,11 +435,11 @@ class RayBackend:
 
     # -- internals ----------------------------------------------------------------------
 
-    def _start_host(self, address: str, pg: PlacementGroup, index: int, gpu: bool) -> _Host:
+    def _start_host(self, address: str, pg: PlacementGroup, index: int, gpu: bool) -> _StartedSlot:
         resources = dict(self.slot_resources)
         cpus = resources.pop("CPU", 0.0)
         gpus = resources.pop("GPU", 0.0) + (1.0 if gpu else 0.0)
-        handle = _HostActor.options(
+        handle = _SlotActor.options(
             name=address,
             namespace=self.namespace,
             num_cpus=cpus,
@@ -489,14 +451,14 @@ class RayBackend:
                 pg, placement_group_bundle_index=index
             ),
         ).remote(address)
-        host = _Host(address, handle, pg, index, gpu)
+        host = _StartedSlot(address, handle, pg, index, gpu)
         with self._lock:
             self._own[address] = host
             self._pg_hosts.setdefault(pg.id.hex(), set()).add(address)
         self._watch(address, handle)
         return host
 
-    def _describe(self, hosts: list[_Host]) -> None:
+    def _describe(self, hosts: list[_StartedSlot]) -> None:
         """Wait for new hosts to start, and learn where they run."""
         if not hosts:
             return
@@ -506,20 +468,20 @@ class RayBackend:
             infos = ray.get(refs, timeout=START_WAIT_S)
         except rex.GetTimeoutError:
             raise TimeoutError(
-                f"slot hosts {names} did not start within {START_WAIT_S:g}s"
+                f"slot actors {names} did not start within {START_WAIT_S:g}s"
             ) from None
         except Exception as exc:
-            raise translate(exc, f"new slot hosts {names}") from exc
+            raise translate(exc, f"new slot actors {names}") from exc
         for host, info in zip(hosts, infos):
             host.ip, host.actor_id = info["host"], info["actor_id"]
             host.device = f"cuda:{info['gpus'][0]}" if host.gpu and info["gpus"] else "cpu"
 
-    def _take_idle(self, n: int, gpu: bool) -> list[_Host]:
+    def _take_idle(self, n: int, gpu: bool) -> list[_StartedSlot]:
         """``n`` idle hosts on one node for one node entry of a pool, or none."""
         if not n:
             return []
         with self._lock:
-            by_ip: dict[str, list[_Host]] = {}
+            by_ip: dict[str, list[_StartedSlot]] = {}
             for address in self._idle:
                 host = self._own[address]
                 if host.gpu == gpu and address not in self._dead:
@@ -619,7 +581,7 @@ class RayBackend:
         except ValueError:
             self._dead.add(slot.address)
             raise WorkerLostError(
-                f"the slot host {slot.address} on {slot.host} is gone (no Ray actor of that "
+                f"the slot actor {slot.address} on {slot.host} is gone (no Ray actor of that "
                 f"name in namespace {self.namespace!r})"
             ) from None
         with self._lock:
@@ -639,7 +601,7 @@ class RayBackend:
 
     def _view(self, future: DataProtoFuture) -> DataProtoFuture:
         """A ``DataProtoFuture`` as a rank receives it: resolved through its host."""
-        return future.with_runner(HostRunner(self.namespace))
+        return future.with_runner(SlotRunner(self.namespace))
 
     def _order(self, key: str) -> threading.Lock:
         with self._lock:
@@ -708,7 +670,7 @@ class RayBackend:
         what = f"cannot {doing}: " if doing else ""
         return RuntimeError(
             f"{what}this RayBackend was shut down (backend.shutdown() or "
-            "hybridflow_dask.shutdown()); its slot hosts and results are gone"
+            "hybridflow_dask.shutdown()); its slot actors and results are gone"
         )
 
     def _ask(self, ref: ray.ObjectRef, address: str = "") -> Any:
@@ -716,52 +678,7 @@ class RayBackend:
         try:
             return ray.get(ref, timeout=ASK_WAIT_S)
         except Exception as exc:
-            raise translate(exc, f"slot host {address}" if address else "the registry") from exc
-
-
-def _check_answers(address: str, timeout: float = CONNECT_WAIT_S) -> None:
-    """A ``HOST:PORT`` (or ``ray://HOST:PORT``) where nothing listens is a
-    ``ConnectionError`` within ``timeout``: ``ray.init`` would retry for minutes."""
-    target = address.split("://", 1)[-1]
-    host, _, port = target.rpartition(":")
-    if not host or not port.isdigit():
-        return  # "auto" and the like: Ray looks for the cluster itself
-    try:
-        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
-            pass
-    except OSError as exc:
-        raise ConnectionError(
-            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start its head "
-            "with `ray start --head`, or give the address it printed"
-        ) from None
-
-
-def _with_driver_paths(runtime_env: Mapping[str, Any] | None) -> dict[str, Any]:
-    """``runtime_env`` whose ``PYTHONPATH`` also lists the driver's own import folders
-    (its script's, the working directory, what pytest or the program added), so the
-    slot hosts import worker classes from the same modules, as Dask's spawned workers
-    do; a ``PYTHONPATH`` given in ``runtime_env`` is kept as it is."""
-    env = dict(runtime_env or {})
-    env_vars = dict(env.get("env_vars") or {})
-    if "PYTHONPATH" not in env_vars:
-        prefixes = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)}
-        paths = []
-        for entry in sys.path:
-            path = os.path.realpath(entry or os.getcwd())
-            installed = any(path.startswith(p + os.sep) for p in prefixes) or any(
-                part in ("site-packages", "dist-packages") for part in Path(path).parts
-            )  # the hosts' own interpreter has its packages: never put others first
-            if os.path.isdir(path) and not installed:
-                paths.append(path)
-        inherited = os.environ.get("PYTHONPATH", "")
-        joined = os.pathsep.join(
-            dict.fromkeys([*paths, *filter(None, inherited.split(os.pathsep))])
-        )
-        if joined:
-            env_vars["PYTHONPATH"] = joined
-    if env_vars:
-        env["env_vars"] = env_vars
-    return env
+            raise translate(exc, f"slot actor {address}" if address else "the registry") from exc
 
 
 def _resources(wanted: Mapping[str, float]) -> dict[str, float]:

@@ -1,0 +1,1 @@
+"""The Ray backend's driver side: ``RayBackend``, its registry and its connection."""
