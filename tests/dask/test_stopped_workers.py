@@ -145,3 +145,23 @@ def test_getting_a_result_kept_on_a_stopped_worker_is_bounded_by_the_limit(path,
         (value,) = hf.get(kept)  # resumed: the result is still there
         assert value.shape == (1 << 20,)
         group.shutdown()
+
+
+@pytest.mark.parametrize("path", ["lane", "lane-socket-only"])
+def test_a_limit_set_before_the_lane_opened_bounds_a_large_write_to_a_stopped_worker(
+    path, cluster
+):
+    limit = dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"})
+    with limit, backend_on(path, cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
+        (pid,) = group.pid()  # the lane opens under the limit
+        payload = torch.ones(64 << 18)  # 64 MiB: more than the socket buffers hold
+        with stopped(pid):
+            start = time.monotonic()
+            with pytest.raises(hf.CallTimeoutError):
+                group.record("big", payload)
+            waited = time.monotonic() - start
+        assert waited < LIMIT_S + 1.0, waited
+        time.sleep(0.5)
+        assert group.log() == [[]]
+        group.shutdown()

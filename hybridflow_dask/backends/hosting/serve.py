@@ -192,12 +192,12 @@ class Instances:
         actor = self.add(ref, env)
         record = self.log.begin(ref, call.key, "__init__", call.path)
         try:
-            args, kwargs, private = await resolve(call.args, call.kwargs)
+            resolved = await resolve(call.args, call.kwargs)
         except BaseException as exc:
             self.forget(ref.key)
             self.log.end(record, exc)
             raise sendable(exc) from None
-        await asyncio.wrap_future(self._build(actor, cls, call, record, args, kwargs, private))
+        await asyncio.wrap_future(self._build(actor, cls, call, record, resolved))
 
     def construct_now(
         self,
@@ -211,26 +211,19 @@ class Instances:
         actor = self.add(ref, env)
         record = self.log.begin(ref, call.key, "__init__", call.path)
         try:
-            args, kwargs, private = resolve(call.args, call.kwargs)
+            resolved = resolve(call.args, call.kwargs)
         except BaseException as exc:
             self.forget(ref.key)
             self.log.end(record, exc)
             failed: concurrent.futures.Future = concurrent.futures.Future()
             failed.set_exception(sendable(exc))
             return failed
-        return self._build(actor, cls, call, record, args, kwargs, private)
+        return self._build(actor, cls, call, record, resolved)
 
     def _build(
-        self,
-        actor: Actor,
-        cls: type,
-        call: Call,
-        record: Any,
-        args: tuple,
-        kwargs: dict,
-        private: Collection[int | str],
+        self, actor: Actor, cls: type, call: Call, record: Any, resolved: Resolved
     ) -> concurrent.futures.Future:
-        args, kwargs = self._own_inputs(actor, call, record, args, kwargs, private)
+        args, kwargs = self._own_inputs(actor, call, record, resolved)
         built = actor.submit(call.driver, call.seq, Construct(cls, args, kwargs, record))
         outcome: concurrent.futures.Future = concurrent.futures.Future()
 
@@ -264,13 +257,11 @@ class Instances:
         record = self.log.begin(actor.ref, call.key, call.method, call.path)
         try:
             self._check_deadline(call, actor)
-            args, kwargs, private = await resolve(call.args, call.kwargs)
+            resolved = await resolve(call.args, call.kwargs)
         except BaseException as exc:
             raise self._refused(actor, call, record, exc) from None
         try:
-            result = await asyncio.wrap_future(
-                self._start(actor, call, record, args, kwargs, private)
-            )
+            result = await asyncio.wrap_future(self._start(actor, call, record, resolved))
             value, nbytes = await deliver(result)
         except BaseException as exc:
             self.log.end(record, exc)
@@ -296,7 +287,7 @@ class Instances:
         record = self.log.begin(actor.ref, call.key, call.method, call.path)
         try:
             self._check_deadline(call, actor)
-            args, kwargs, private = resolve(call.args, call.kwargs)
+            resolved = resolve(call.args, call.kwargs)
         except BaseException as exc:
             outcome.set_exception(self._refused(actor, call, record, exc))
             return outcome
@@ -315,21 +306,16 @@ class Instances:
                 self.log.end(record)
                 outcome.set_result(value)
 
-        self._start(actor, call, record, args, kwargs, private).add_done_callback(finish)
+        self._start(actor, call, record, resolved).add_done_callback(finish)
         return outcome
 
     def _own_inputs(
-        self,
-        actor: Actor,
-        call: Call,
-        record: Any,
-        args: tuple,
-        kwargs: dict,
-        private: Collection[int | str],
+        self, actor: Actor, call: Call, record: Any, resolved: Resolved
     ) -> tuple[tuple, dict]:
         """The arguments the instance may change: the producer's own objects (inputs this
         process keeps for others) replaced by copies, unless sharing was chosen."""
         record.inputs = time.time()
+        args, kwargs, private = resolved
         if not private or call.share:
             return args, kwargs
         what = f"an input of {actor.ref.group}.{call.method}"
@@ -353,15 +339,9 @@ class Instances:
         return sendable(exc)
 
     def _start(
-        self,
-        actor: Actor,
-        call: Call,
-        record: Any,
-        args: tuple,
-        kwargs: dict,
-        private: Collection[int | str],
+        self, actor: Actor, call: Call, record: Any, resolved: Resolved
     ) -> concurrent.futures.Future:
-        args, kwargs = self._own_inputs(actor, call, record, args, kwargs, private)
+        args, kwargs = self._own_inputs(actor, call, record, resolved)
         snapshot = call.result == "later" or (call.result == "kept" and not call.share)
         invoke = Invoke(
             call.method, args, kwargs, copy=self.copy if snapshot else None, record=record

@@ -408,7 +408,7 @@ class DaskBackend:
         except BaseException:
             self._path.skip(ref, seq)
             raise
-        self._live.track(future, ref.slot, ref, (args, kwargs), seq)
+        self._live.track(future, ref.slot, ref, (args, kwargs), seq, deadline)
         return future
 
     def submit(
@@ -448,7 +448,7 @@ class DaskBackend:
             self._check_open("gather results")
             pending = [f for f in pending if not f.done()]
             self._live.raise_if_lost(pending)
-            if limit is not None and pending and time.monotonic() - start > limit:
+            if pending and self._out_of_time(pending, start, limit):
                 raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
             if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
@@ -472,6 +472,14 @@ class DaskBackend:
             sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
         )
         return values
+
+    def _out_of_time(self, pending: list[Any], start: float, limit: float | None) -> bool:
+        """Whether a wait for ``pending`` passed its limit: the deadline their calls were
+        made with, else ``limit`` seconds from ``start`` (futures that are not calls)."""
+        deadline = self._live.deadline(pending)
+        if deadline is not None:
+            return time.time() >= deadline
+        return limit is not None and time.monotonic() - start > limit
 
     def _gather_from_dask(self, futures: list[Future]) -> list[Any]:
         """Dask's gather, watched: a result lost with its worker meanwhile is a

@@ -374,7 +374,6 @@ class DirectPath:
                 self._lane_reply,
                 self._lane_broken,
                 same_host=self._same_host_copy,
-                send_timeout=None,  # set per request, from the call's own limit
                 limits=LaneLimits.from_config(),
                 tls=tls,
             )

@@ -22,9 +22,10 @@ socket write to finish, so the next call cannot change a result still being copi
 Neither end ever waits to write while it should be reading: each side's reader only
 reads and hands over (releases go out from a thread of their own, fetch replies from
 the worker's fetch threads), so two large transfers in opposite directions, or a release
-behind a large request, always make progress. Writes that make no progress for
-``send_timeout`` seconds (the driver's ``hybridflow.call-timeout`` in force for that call;
-``STALL_TIMEOUT_S`` on the worker) break the lane instead of blocking forever.
+behind a large request, always make progress. A driver's write that is still not done
+at its call's deadline (``hybridflow.call-timeout`` in force when the call was made),
+and a worker's that makes no progress for ``STALL_TIMEOUT_S``, break the lane instead of
+blocking forever.
 """
 
 from __future__ import annotations
@@ -73,7 +74,6 @@ class Lane:
         on_reply: Callable[[Any, dict], None],
         on_broken: Callable[[list[Any]], None],
         same_host: bool = True,
-        send_timeout: float | None = None,
         limits: LaneLimits | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
@@ -92,8 +92,6 @@ class Lane:
             raw.close()
             raise
         self._sock.settimeout(None)
-        bound_sends(self._sock, send_timeout)
-        self._send_timeout = send_timeout
         self._on_reply, self._on_broken = on_reply, on_broken
         self._limits = limits or LaneLimits()
         #: Replies copied out of the worker's memory, to release: the reader never writes.
@@ -125,13 +123,11 @@ class Lane:
             ident = next(self._ids)
             self._waiting[ident] = (context, msg)
         msg["id"] = ident
+        deadline = msg.get("deadline")
+        write = self._sock.sendall if deadline is None else _until(self._sock, deadline)
         try:
             with self._write_lock:
-                send_timeout = _remaining(msg.get("deadline"))
-                if send_timeout != self._send_timeout:
-                    bound_sends(self._sock, send_timeout)
-                    self._send_timeout = send_timeout
-                write_message(self._sock.sendall, msg, leave_in_place=self._leave_in_place)
+                write_message(write, msg, leave_in_place=self._leave_in_place)
         except OSError:
             self.close()  # the reader ends and reports this request with the others
 
@@ -177,6 +173,26 @@ class Lane:
                 return
 
 
-def _remaining(deadline: float | None) -> float | None:
-    """Seconds left until ``deadline`` (``time.time()``), at least a millisecond."""
-    return None if deadline is None else max(deadline - time.time(), 1e-3)
+#: How much of a frame is written between two looks at the clock, on a call with a deadline.
+WRITE_CHUNK = 4 << 20
+
+
+def _until(sock: Any, deadline: float) -> Callable[[Any], None]:
+    """A ``sendall`` that gives up at ``deadline`` (``time.time()``) with ``OSError``:
+    chunk by chunk, each write bounded by the time left (a stopped reader makes a blocked
+    write wait for good, and the kernel's per-write timeout restarts with every byte that
+    gets through)."""
+
+    def write(data: Any) -> None:
+        view = memoryview(data).cast("B")
+        try:
+            for start in range(0, max(view.nbytes, 1), WRITE_CHUNK):
+                left = deadline - time.time()
+                if left <= 0:
+                    raise TimeoutError("the call's hybridflow.call-timeout passed while writing")
+                bound_sends(sock, left)
+                sock.sendall(view[start : start + WRITE_CHUNK])
+        finally:
+            bound_sends(sock, None)
+
+    return write

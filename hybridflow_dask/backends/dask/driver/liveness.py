@@ -42,7 +42,8 @@ class Liveness:
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
         self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
         self._refs: dict[str, Any] = {}  # task key -> weak reference to its future
-        self._seqs: dict[str, int] = {}  # task key -> its call's number on its instance
+        #: task key -> its call's number on its instance, and its deadline (or ``None``)
+        self._calls: dict[str, tuple[int, float | None]] = {}
 
     # -- what the backend tells us ---------------------------------------------------------
 
@@ -61,16 +62,17 @@ class Liveness:
         ref: InstanceRef | None,
         args: Any,
         seq: int | None = None,
+        deadline: float | None = None,
     ) -> None:
         """Remember where ``future``'s task runs, which processes its inputs need and,
-        for a call, its number on its instance."""
+        for a call, its number on its instance and its deadline (``time.time()``)."""
         needs = {slot.worker_id}
         for dep in futures_in(args):
             needs |= self._tasks.get(dep.key, _NOTHING)[2]
         key = future.key
         self._tasks[key] = (slot, ref, frozenset(needs))
         if seq is not None:
-            self._seqs[key] = seq
+            self._calls[key] = (seq, deadline)
         # A weak reference with a callback, not weakref.finalize: finalize keeps a global
         # registry and costs several times more, on every call. The callback fires only
         # while this reference is stored, so a newer Future of the same key replaces it.
@@ -81,7 +83,7 @@ class Liveness:
 
     def _forget(self, key: str) -> None:
         self._tasks.pop(key, None)
-        self._seqs.pop(key, None)
+        self._calls.pop(key, None)
         self._refs.pop(key, None)
 
     def on_worker_removed(self, event: Any) -> str | None:
@@ -119,8 +121,13 @@ class Liveness:
     def issued(self, fut: Any) -> tuple[InstanceRef, int] | None:
         """The instance and number of the call behind ``fut``, if it is a call."""
         ref = self._tasks.get(fut.key, _NOTHING)[1]
-        seq = self._seqs.get(fut.key)
-        return None if ref is None or seq is None else (ref, seq)
+        call = self._calls.get(fut.key)
+        return None if ref is None or call is None else (ref, call[0])
+
+    def deadline(self, futures: Sequence[Any]) -> float | None:
+        """The earliest deadline (``time.time()``) of the calls behind ``futures``."""
+        deadlines = [c[1] for f in futures if (c := self._calls.get(f.key)) and c[1] is not None]
+        return min(deadlines, default=None)
 
     def is_dead(self, slot: Slot) -> bool:
         return slot.worker_id in self._dead

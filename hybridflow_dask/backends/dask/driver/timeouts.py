@@ -25,12 +25,13 @@ ANSWER_WAIT_S = 0.5
 
 def timed_out(
     pending: Sequence[Any],
-    limit: float,
+    limit: float | None,
     issued: Callable[[Any], tuple[InstanceRef, int] | None],
     withdraw: Callable[[InstanceRef, int], Any],
 ) -> CallTimeoutError:
-    """The error for ``pending`` calls still unfinished after ``limit`` seconds, once each
-    was withdrawn (``withdraw(ref, seq)`` returns a future of "it will not run")."""
+    """The error for ``pending`` calls still unfinished at their limit (``limit``: the
+    setting now, for the message), once each was withdrawn (``withdraw(ref, seq)``
+    returns a future of "it will not run")."""
     asked: list[tuple[InstanceRef, Any]] = []
     for future in pending:
         call = issued(future)
@@ -60,8 +61,9 @@ def timed_out(
         )
     if not parts:
         parts.append(f"{len(pending)} call(s) unfinished")
+    setting = "hybridflow.call-timeout" + ("" if limit is None else f"={limit:g}s")
     return CallTimeoutError(
-        f"{what} passed hybridflow.call-timeout={limit:g}s: " + "; ".join(parts),
+        f"{what} passed {setting}: " + "; ".join(parts),
         queued=tuple(r.rank for r in queued),
         running=tuple(r.rank for r in running),
         unknown=tuple(r.rank for r in unknown),
