@@ -148,9 +148,7 @@ def test_getting_a_result_kept_on_a_stopped_worker_is_bounded_by_the_limit(path,
 
 
 @pytest.mark.parametrize("path", ["lane", "lane-socket-only"])
-def test_a_limit_set_before_the_lane_opened_bounds_a_large_write_to_a_stopped_worker(
-    path, cluster
-):
+def test_a_limit_set_before_the_lane_opened_bounds_a_large_write_to_a_stopped_worker(path, cluster):
     limit = dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"})
     with limit, backend_on(path, cluster) as backend:
         group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
