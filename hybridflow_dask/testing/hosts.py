@@ -26,11 +26,13 @@ is absent, and the ``hf_hosts`` fixture skips with that reason.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import fcntl
 import itertools
 import logging
 import os
+import re
 import shutil
 import signal
 import socket
@@ -42,7 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-__all__ = ["Host", "Hosts", "missing"]
+__all__ = ["Host", "Hosts", "missing", "sweep_leftovers"]
 
 logger = logging.getLogger(__name__)
 
@@ -127,7 +129,9 @@ class Hosts:
         self.worker_args = list(worker_args)
         self.scheduler_args = list(scheduler_args)
         self.security = security
-        self.tag = f"{os.getpid() % 100000}{next(_counter) % 100}"
+        # the pid (5 base-36 digits) and a counter: unique on this machine, and a later run
+        # can tell whether the process that made a namespace is still alive
+        self.tag = _base36(os.getpid(), 5) + _base36(next(_counter) % 36, 1)
         self.bridge = f"hf{self.tag}br"
         self.driver_link = f"hf{self.tag}d"
         self.subnet = ""
@@ -156,7 +160,9 @@ class Hosts:
         if self._started:
             return
         self._started = True
+        atexit.register(self.close)  # a driver that exits without close(): clean up still
         try:
+            sweep_leftovers()
             self._make_network()
             self._start_scheduler()
             for host in self.hosts:
@@ -167,11 +173,14 @@ class Hosts:
             raise
 
     def close(self) -> None:
-        """Stop every process this object started, then remove its namespaces and links."""
+        """Stop every process this object started, then remove its namespaces and links.
+        Idempotent."""
+        atexit.unregister(self.close)
         for host in [*self.hosts, *([self.scheduler] if self.scheduler else [])]:
             self._stop(host)
         for netns in reversed(self._made_netns):
             _run(["ip", "netns", "del", netns], check=False)
+            shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
         self._made_netns.clear()
         for link in reversed(self._made_links):
             _run(["ip", "link", "del", link], check=False)
@@ -312,6 +321,21 @@ class Hosts:
             _run(["ip", "link", "set", self.driver_link, "up"])
         self.scheduler = self._make_host(0, "s", f"{self.subnet}.1")
         self.hosts = [self._make_host(i, f"h{i}", f"{self.subnet}.{11 + i}") for i in range(self.n)]
+        self._write_name_files()
+
+    def _write_name_files(self) -> None:
+        """Each namespace's own ``/etc/hosts`` and ``/etc/resolv.conf`` (``ip netns exec``
+        mounts ``/etc/netns/NAME/*`` over ``/etc``): every host's address has a name, and
+        there is no DNS server to wait for. Without them a lookup (torch's c10d asks for
+        its peer's name) waits 10 s for the machine's DNS server, unreachable from here."""
+        names = "".join(f"{h.address} {h.netns}\n" for h in [self.scheduler, *self.hosts] if h)
+        for host in [self.scheduler, *self.hosts]:
+            assert host is not None
+            folder = Path("/etc/netns") / host.netns
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "hosts").write_text(f"127.0.0.1 localhost\n{names}")
+            # no nameserver: lookups ask 127.0.0.1, which refuses at once
+            (folder / "resolv.conf").write_text("options timeout:1 attempts:1\n")
 
     def _make_host(self, index: int, suffix: str, address: str) -> Host:
         netns = f"hf-{self.tag}-{suffix}"
@@ -465,6 +489,43 @@ class Hosts:
                 tail = host.log.read_text(errors="replace")[-1500:]
                 tails.append(f"\n--- {host.netns} ({host.log}) ---\n{tail}")
         return "".join(tails) or " (pass logs= to keep the launchers' output)"
+
+
+def sweep_leftovers() -> None:
+    """Remove what a process of this module left behind when it was killed before it could
+    clean up (SIGKILL, a timeout): namespaces and links whose tag names a dead pid, and the
+    processes still running in those namespaces (started by that process)."""
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    for line in out.splitlines():
+        match = re.match(r"hf-([0-9a-z]{6})-(s|h\d+)\b", line)
+        if match is None or _owner_alive(match.group(1)):
+            continue
+        netns = line.split()[0]
+        pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True)
+        for pid in pids.stdout.split():
+            with contextlib.suppress(ProcessLookupError, ValueError):
+                os.kill(int(pid), signal.SIGKILL)
+        _run(["ip", "netns", "del", netns], check=False)
+        shutil.rmtree(Path("/etc/netns") / netns, ignore_errors=True)
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    for name in sorted(
+        set(re.findall(r"^\d+: (hf[0-9a-z]{6}(?:br|dp|d|s|h\d+))[@:]", links, re.M))
+    ):
+        if not _owner_alive(name[2:8]):
+            _run(["ip", "link", "del", name], check=False)
+
+
+def _owner_alive(tag: str) -> bool:
+    return Path(f"/proc/{int(tag[:5], 36)}").exists()
+
+
+def _base36(value: int, width: int) -> str:
+    digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+    out = ""
+    for _ in range(width):
+        value, digit = divmod(value, 36)
+        out = digits[digit] + out
+    return out
 
 
 def _run(argv: list[str], check: bool = True) -> None:

@@ -60,6 +60,7 @@ from ..wire.device_route import (
 from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
 from ..worker.host import InstanceHost
 from ..worker.tasks import WorkerRunner, count_instances, probe_worker
+from ..worker.used_mark import is_used, mark_used
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
@@ -152,7 +153,6 @@ class DaskBackend:
         self._scheduler_lost_since: float | None = None
         self._lock = threading.Lock()
         self._taken: set[str] = set()
-        self._dirty: set[str] = set()  # free workers a shut-down group ran in
         self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
@@ -231,9 +231,9 @@ class DaskBackend:
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
         self._check_open()
         need = sum(process_on_nodes)
-        self._freshen(need)
+        avoid = self._freshen(need) if self._fresh else set()
         with self._lock:
-            free = [w for w in self._free_workers() if w.address not in self._dirty]
+            free = [w for w in self._free_workers() if w.address not in avoid]
             if self._owned_cluster is not None and len(free) < need and self._can_grow():
                 total = len(self._workers())
                 wanted = total + need - len(free)
@@ -247,7 +247,7 @@ class DaskBackend:
                     )
                 self._owned_cluster.scale(wanted)
                 self.client.wait_for_workers(wanted, timeout=120)
-                free = [w for w in self._free_workers() if w.address not in self._dirty]
+                free = [w for w in self._free_workers() if w.address not in avoid]
             gpu_workers = [w for w in free if w.has_gpu]
             if use_gpu is None:
                 use_gpu = bool(gpu_workers) and len(gpu_workers) >= need
@@ -271,6 +271,7 @@ class DaskBackend:
                     f"{', GPU' if use_gpu else ''}) on a cluster of {total} workers: {exc}"
                 ) from None
             self._taken.update(s.address for s in slots)
+        self._mark_used([s.address for s in slots])
         logger.debug("placed pool %s on %s", name, [s.address for s in slots])
         return slots
 
@@ -287,6 +288,7 @@ class DaskBackend:
                 for info in self._free_workers():
                     if info.host == slot.host and info.has_gpu == slot.device.startswith("cuda"):
                         self._taken.add(info.address)
+                        self._mark_used([info.address])
                         return Slot(
                             slot.index,
                             info.address,
@@ -309,30 +311,34 @@ class DaskBackend:
         them, as every verl group gets new processes; clean workers are taken first."""
         with self._lock:
             self._taken.difference_update(s.address for s in slots)
-            if self._fresh:
-                self._dirty.update(s.address for s in slots if not self._live.is_dead(s))
 
-    def _freshen(self, need: int) -> None:
-        """Restart as many used free workers as a pool of ``need`` lacks clean ones."""
+    def _mark_used(self, addresses: list[str]) -> None:
+        """Mark the workers a pool takes, in their own processes (``worker.used_mark``), so
+        that every driver of a shared cluster sees they are no longer fresh."""
+        if addresses:
+            self.client.run(mark_used, workers=addresses, on_error="return")
+
+    def _freshen(self, need: int) -> set[str]:
+        """Restart as many used free workers (marked by any driver) as a pool of ``need``
+        lacks clean ones; return the used ones left as they are, for the pool to avoid."""
         with self._lock:
             free = self._free_workers()
-            clean = [w for w in free if w.address not in self._dirty]
-            used = [w.address for w in free if w.address in self._dirty]
-        restart = used[: max(0, need - len(clean))]
+        marks = self.client.run(is_used, workers=[w.address for w in free], on_error="return")
+        used = [w.address for w in free if marks.get(w.address) is not False]
+        clean = len(free) - len(used)
+        restart = used[: max(0, need - clean)]
+        busy: list[str] = []
         if restart:  # never one that hosts instances (another backend's, on a shared cluster)
             hosting = self.client.run(count_instances, workers=restart, on_error="return")
-            busy = [a for a in restart if hosting.get(a) != 0]
-            with self._lock:
-                self._dirty.difference_update(busy)  # shared with live instances: reused
+            busy = [a for a in restart if hosting.get(a) != 0]  # shared with live instances
             restart = [a for a in restart if a not in busy]
+        avoid = set(used) - set(restart) - set(busy)
         if not restart:
-            return
+            return avoid
         with quiet_restarts():  # returns once the new processes have registered
             outcome = self.client.restart_workers(
                 restart, timeout=RESTART_WAIT_S, raise_for_error=False
             )
-        with self._lock:
-            self._dirty.difference_update(restart)
         reused = [a for a, status in outcome.items() if status != "OK"]
         if reused:
             logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
@@ -342,8 +348,9 @@ class DaskBackend:
             with self._lock:
                 addresses = {w.address for w in self._free_workers()}
             if not addresses & gone and len(addresses) >= len(free):
-                return
+                break
             time.sleep(0.05)
+        return avoid
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
