@@ -14,6 +14,7 @@ from .base import (
     Placement,
     Slot,
     WorkerLostError,
+    WorkerUnreachableError,
 )
 from .dask.driver.connect import SchedulerLostError, SchedulerUnreachableError
 from .local import LocalBackend, LocalFuture
@@ -37,6 +38,7 @@ __all__ = [
     "SchedulerUnreachableError",
     "Slot",
     "WorkerLostError",
+    "WorkerUnreachableError",
 ]
 
 

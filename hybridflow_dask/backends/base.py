@@ -63,6 +63,7 @@ __all__ = [
     "Placement",
     "Slot",
     "WorkerLostError",
+    "WorkerUnreachableError",
 ]
 
 
@@ -140,6 +141,10 @@ class WorkerLostError(RuntimeError):
     Backends raise it (never a hang, a cancellation or their own error type) and name the
     group and rank in the message, so the caller knows to ``WorkerGroup.recover()``.
     """
+
+
+class WorkerUnreachableError(WorkerLostError):
+    """A rank's worker stopped answering on the network (a cut link); handled as lost."""
 
 
 @runtime_checkable

@@ -141,6 +141,7 @@ class Hosts:
         self._made_netns: list[str] = []
         self._logs = Path(logs) if logs is not None else None
         self._started = False
+        self._blackhole = ""
 
     # -- life cycle ------------------------------------------------------------------------
 
@@ -185,6 +186,11 @@ class Hosts:
         for link in reversed(self._made_links):
             _run(["ip", "link", "del", link], check=False)
         self._made_links.clear()
+        if self._blackhole:
+            _run(
+                ["ip", "route", "del", "blackhole", self._blackhole, "metric", "4000"], check=False
+            )
+            self._blackhole = ""
 
     # -- what tests use ----------------------------------------------------------------------
 
@@ -228,13 +234,15 @@ class Hosts:
         _run(["ip", "link", "set", self.hosts[i].link, "up"])
 
     def cut_driver(self) -> None:
-        """Take the driver's own link down: it can reach neither scheduler nor workers."""
-        _run(["ip", "link", "set", self.driver_link, "down"])
+        """Cut the driver's own link (its bridge-side end down: the root namespace's end
+        loses its carrier, so its route stays and packets are dropped, never rerouted):
+        it reaches neither scheduler nor workers."""
+        _run(["ip", "link", "set", f"{self.driver_link}p", "down"])
 
     def heal_driver(self) -> None:
-        _run(["ip", "link", "set", self.driver_link, "up"])
+        _run(["ip", "link", "set", f"{self.driver_link}p", "up"])
 
-    def rate_limit(self, i: int, rate: str, burst: str = "256kb", latency: str = "50ms") -> None:
+    def rate_limit(self, i: int, rate: str, burst: str = "256kb", latency: str = "500ms") -> None:
         """Limit host ``i``'s link to ``rate`` (``tc``'s ``tbf``, e.g. ``"200mbit"``), both
         ways: on its root-side end (traffic to the host) and on its ``eth0`` (from it)."""
         tbf = ["root", "tbf", "rate", rate, "burst", burst, "latency", latency]
@@ -319,6 +327,10 @@ class Hosts:
             _run(["ip", "link", "set", peer, "master", self.bridge, "up"])
             _run(["ip", "addr", "add", f"{self.driver_address}/24", "dev", self.driver_link])
             _run(["ip", "link", "set", self.driver_link, "up"])
+            # should the link's route ever go, this subnet's packets are dropped here rather
+            # than sent out of the machine by its default route
+            _run(["ip", "route", "replace", "blackhole", f"{free}.0/24", "metric", "4000"])
+            self._blackhole = f"{free}.0/24"
         self.scheduler = self._make_host(0, "s", f"{self.subnet}.1")
         self.hosts = [self._make_host(i, f"h{i}", f"{self.subnet}.{11 + i}") for i in range(self.n)]
         self._write_name_files()

@@ -27,6 +27,7 @@ import concurrent.futures
 import contextlib
 import itertools
 import logging
+import math
 import threading
 import weakref
 from collections.abc import Callable, Sequence
@@ -38,14 +39,21 @@ from distributed.protocol.serialize import Serialized
 
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
-from ..config import call_timeout
-from ..internals import fail_future, finish_future, future_state, pending_future, wait_future
+from ..config import call_timeout, unreachable_timeout
+from ..internals import (
+    fail_future,
+    finish_future,
+    future_state,
+    pending_future,
+    reset_comm,
+    wait_future,
+)
 from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .lane import Lane
-from .liveness import Liveness, futures_in, lost_error
+from .liveness import Liveness, futures_in
 
 __all__ = ["DirectPath", "ReplyFuture"]
 
@@ -223,6 +231,24 @@ class DirectPath:
         msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
         self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], None))
 
+    def abandon(self, address: str) -> None:
+        """The worker at ``address`` is unreachable: reset the stream and lanes to it, so
+        that nothing still queued for it (calls reported failed) is delivered when its
+        link comes back. Its waiting messages fail as on a broken stream."""
+        with self._lanes_lock:
+            lanes = [k for k in (self._lanes or {}) if k[0] == address]
+            dropped = [(self._lanes or {}).pop(k, None) for k in lanes]
+        for lane in dropped:
+            if lane is not None:
+                lane.reset()
+
+        def reset() -> None:
+            channel = self._channels.pop(address, None)
+            if channel is not None:
+                channel.reset()
+
+        self._loop.call_soon_threadsafe(reset)
+
     def port(self, slot: Slot) -> int:
         return self._ask("hf_port", slot)
 
@@ -363,7 +389,8 @@ class DirectPath:
                 self._lane_reply,
                 self._lane_broken,
                 same_host=self._same_host_copy,
-                send_timeout=call_timeout(),
+                # a send that makes no progress that long: the worker's link is cut
+                send_timeout=min(call_timeout() or math.inf, unreachable_timeout()),
                 limits=LaneLimits.from_config(),
                 tls=tls,
             )
@@ -429,7 +456,7 @@ class DirectPath:
 
     def _send(self, message: _Message) -> None:
         if self._live.is_dead(message.slot):
-            self._failed(message, lost_error(message.slot, message.ref))
+            self._failed(message, self._live.error(message.slot, message.ref))
             return
         channel = self._channels.get(message.address)
         if channel is None or channel.broken:
@@ -469,7 +496,7 @@ class DirectPath:
                 break  # it answered: alive
             await asyncio.sleep(0.01)
         if self._live.is_dead(message.slot):
-            lost = lost_error(message.slot, message.ref)
+            lost = self._live.error(message.slot, message.ref)
         else:
             lost = await self._withdrawn(message, answer)
         lost.__cause__ = error
@@ -656,6 +683,12 @@ class Channel:
         self.runner.cancel()
         if self._comm is not None:
             self._comm.abort()
+
+    def reset(self) -> None:
+        """Close dropping what is not delivered yet (``internals.reset_comm``)."""
+        if self._comm is not None:
+            reset_comm(self._comm)
+        self.close()
 
     def _hand_over(self, replies: list[dict]) -> None:
         """Each reply to its message's callback. A function of its own, so that nothing

@@ -34,6 +34,7 @@ import logging
 import queue
 import socket
 import ssl
+import struct
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -77,6 +78,7 @@ class Lane:
     ) -> None:
         raw = nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
         self._sock: Any = raw
+        self._raw = raw
         #: Whether the lane runs TLS (on a TLS cluster, with the cluster's certificates).
         self.tls = tls is not None
         try:
@@ -129,6 +131,14 @@ class Lane:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+
+    def reset(self) -> None:
+        """End the lane dropping what is still queued for the worker (its host is cut
+        off): the reader's close of the socket then resets the connection instead of
+        delivering the rest when the link comes back."""
+        with contextlib.suppress(OSError):
+            self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
 
     def _read(self) -> None:
         try:
