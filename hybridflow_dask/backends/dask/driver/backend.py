@@ -166,7 +166,7 @@ class DaskBackend:
         self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
-        self._reach = Reachability()
+        self._reach = Reachability(self.client.connection_args.get("ssl_context"))
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
         self._destroying: list[Any] = []

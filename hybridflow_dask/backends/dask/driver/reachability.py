@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import socket
+import ssl
 import threading
 import time
 from collections.abc import Iterable
@@ -37,7 +38,10 @@ FORGET_S = 5.0
 class Reachability:
     """Background TCP probes of the addresses a driver waits on."""
 
-    def __init__(self) -> None:
+    def __init__(self, tls: ssl.SSLContext | None = None) -> None:
+        #: For ``tls://`` addresses: a probe completes the TLS handshake too, so a TLS
+        #: worker does not log every probe as a failed handshake.
+        self._tls = tls
         self._lock = threading.Lock()
         self._last_ok: dict[str, float] = {}  # address -> last probe that connected
         self._watched: dict[str, float] = {}  # address -> last time a waiter asked
@@ -103,7 +107,10 @@ class Reachability:
                 self._probing.discard(address)
             return
         try:
-            with socket.create_connection((host, port), CONNECT_S):
+            with socket.create_connection((host, port), CONNECT_S) as sock:
+                if self._tls is not None and address.startswith("tls://"):
+                    with self._tls.wrap_socket(sock, server_hostname=None):
+                        pass
                 self.answered(address)
         except ConnectionRefusedError:  # the host answered (its process is gone: a death)
             self.answered(address)
