@@ -35,6 +35,8 @@ PROCESS_FIXTURES = frozenset(
         "ray_backend",  # tests/ray: the session's Ray instance
         "cli",  # tests/cli: the command, or a small program, in a fresh process
         "program",
+        "hf_hosts",  # hosts made of network namespaces, their launchers in them
+        "hf_module_hosts",
     }
 )
 

@@ -15,6 +15,7 @@ from .base import (
     Placement,
     Slot,
     WorkerLostError,
+    WorkerUnreachableError,
 )
 from .local import LocalBackend, LocalFuture
 
@@ -38,6 +39,7 @@ __all__ = [
     "SchedulerUnreachableError",
     "Slot",
     "WorkerLostError",
+    "WorkerUnreachableError",
 ]
 
 

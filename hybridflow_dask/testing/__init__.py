@@ -7,6 +7,9 @@
 - ``hf_dask_backend``: a ``DaskBackend`` attached to that cluster, for the session.
 - ``hf_worker_group``: a factory ``make(cls_or_cwia, pool=[2], backend=..., **kw)`` whose
   groups are shut down after the test.
+- ``hf_hosts`` / ``hf_module_hosts``: a factory ``make(n, **kw)`` of ``testing.hosts.Hosts``
+  (``n`` hosts made of network namespaces, each running ``dask worker``), closed after the
+  test / the module; skips where it cannot run (not root, no ``ip``).
 - the ``gpu`` marker skips a test when no CUDA device is visible.
 - ``--hf-backend=MODULE:FACTORY``: the backend the conformance kit tests
   (``pytest --hf-backend=pkg.mod:factory --pyargs hybridflow_dask.testing.conformance``;
@@ -33,7 +36,9 @@ if TYPE_CHECKING:  # the fixtures import these when used: loading the plugin sta
 __all__ = [
     "hf_dask_backend",
     "hf_dask_cluster",
+    "hf_hosts",
     "hf_local_backend",
+    "hf_module_hosts",
     "hf_worker_group",
 ]
 
@@ -128,6 +133,37 @@ def hf_dask_backend(hf_dask_cluster: Any, pytestconfig: pytest.Config) -> Iterat
         backend = FixtureBackend(cluster=hf_dask_cluster)
     yield backend
     backend.shutdown()
+
+
+def _hosts_factory() -> Iterator[Any]:
+    from . import hosts  # lazily: plugin load stays cheap
+
+    why = hosts.missing()
+    if why is not None:
+        pytest.skip(f"hosts made of network namespaces: {why}")
+    made: list[Any] = []
+
+    def make(n: int, **kwargs: Any) -> Any:
+        group = hosts.Hosts(n, **kwargs)
+        made.append(group)
+        group.start()
+        return group
+
+    try:
+        yield make
+    finally:
+        for group in reversed(made):
+            group.close()
+
+
+@pytest.fixture
+def hf_hosts() -> Iterator[Any]:
+    yield from _hosts_factory()
+
+
+@pytest.fixture(scope="module")
+def hf_module_hosts() -> Iterator[Any]:
+    yield from _hosts_factory()
 
 
 @pytest.fixture

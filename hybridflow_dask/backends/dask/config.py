@@ -24,6 +24,7 @@ __all__ = [
     "scatter_threshold",
     "share_colocated_inputs",
     "socket_lane",
+    "unreachable_timeout",
 ]
 
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
@@ -41,6 +42,12 @@ def call_timeout() -> float | None:
 def scheduler_timeout() -> float:
     """Seconds a lost scheduler may take to come back (``hybridflow.scheduler-timeout``)."""
     return parse_timedelta(dask.config.get("hybridflow.scheduler-timeout"), default="seconds")
+
+
+def unreachable_timeout() -> float:
+    """Seconds a rank's worker may be unreachable before its calls fail
+    (``hybridflow.unreachable-timeout``)."""
+    return parse_timedelta(dask.config.get("hybridflow.unreachable-timeout"), default="seconds")
 
 
 def connect_timeout() -> float:

@@ -17,6 +17,9 @@ exercises each one for real and fails loudly when a Dask release changes it;
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
+import struct
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -42,6 +45,7 @@ __all__ = [
     "published_value",
     "record_finished_task",
     "register_keys",
+    "reset_comm",
     "submit_as",
     "wait_all",
     "wait_future",
@@ -176,6 +180,19 @@ def enter_worker(worker: Any) -> None:
     raises "No worker found" inside a method. Call it once at the start of such a thread.
     """
     _worker_cvar.set(worker)
+
+
+def reset_comm(comm: Any) -> None:
+    """Close a Dask comm at once, dropping what it has not delivered yet: the socket under
+    a TCP/TLS comm is closed with ``SO_LINGER`` 0 (a reset), so bytes still queued for a
+    peer behind a cut link are never delivered when the link comes back, where a plain
+    close would keep sending them. Other comms are aborted as they are."""
+    stream = getattr(comm, "stream", None)
+    sock = getattr(stream, "socket", None)
+    if sock is not None:
+        with contextlib.suppress(OSError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    comm.abort()
 
 
 def pending_future(client: Any, key: str) -> Future:

@@ -79,16 +79,21 @@ def open_backend(name: str, address: str | None = None) -> Iterator[Backend]:
 
 @contextmanager
 def grpo_workers(
-    config: GRPOConfig, world_size: int, backend: Backend | None = None
+    config: GRPOConfig, world_size: int, backend: Backend | None = None, nodes: int = 1
 ) -> Iterator[tuple[hf.WorkerGroup, hf.WorkerGroup, hf.WorkerGroup]]:
-    """``(fused, actor_rollout_ref, reward)``: the two roles fused on one pool of ``world_size``.
+    """``(fused, actor_rollout_ref, reward)``: the two roles fused on one pool of ``world_size``
+    ranks spread evenly over ``nodes`` hosts.
 
     ``fused`` is the group that owns the ranks (the one to ``recover()``); the other two
     are its role views. The ranks have joined their torch process group (generation 0).
     On exit they leave it and the fused group shuts down.
     """
     config.validate(world_size)
-    pool = hf.ResourcePool([world_size], use_gpu=False)
+    if nodes < 1 or world_size % nodes:
+        raise ValueError(
+            f"nodes must be a positive divisor of world_size={world_size}, got {nodes}"
+        )
+    pool = hf.ResourcePool([world_size // nodes] * nodes, use_gpu=False)
     fused_cls = hf.create_colocated_worker_cls(
         {
             "actor_rollout_ref": hf.ClassWithInitArgs(ActorRolloutRefWorker, config),
@@ -132,6 +137,7 @@ def run_demo(
     steps: int = 60,
     *,
     world_size: int = 2,
+    nodes: int = 1,
     seed: int = 0,
     backend: Backend | str | None = None,
     config: GRPOConfig | None = None,
@@ -151,6 +157,7 @@ def run_demo(
     ``seed`` is used only when no ``config`` is given. ``backend`` defaults to the
     process-wide one (``hf.init``), as for any WorkerGroup; it must run each rank in its
     own process (``DaskBackend``, ``RayBackend``), since the ranks rendezvous over gloo.
+    ``nodes`` spreads the ranks evenly over that many hosts (``ResourcePool`` entries).
     A name (``"dask"`` or ``"ray"``) starts that backend for the run and shuts it down
     after (``open_backend``): the driver code is the same on both.
 
@@ -171,6 +178,7 @@ def run_demo(
             return run_demo(
                 steps,
                 world_size=world_size,
+                nodes=nodes,
                 seed=seed,
                 backend=opened,
                 config=config,
@@ -208,7 +216,7 @@ def run_demo(
         # absolute: worker processes need not share the driver's working directory
         path = str(Path(checkpoint_dir).resolve() / CHECKPOINT_NAME)
     records: list[dict[str, Any]] = []
-    with grpo_workers(config, world_size, backend) as (fused, actor, reward):
+    with grpo_workers(config, world_size, backend, nodes) as (fused, actor, reward):
         initial_checksum = actor.param_checksum()[0]
         victim_pid = _drill_target(actor, victim) if kill_worker_at is not None else None
         generation = 0  # of the torch process group: one more after each recovery

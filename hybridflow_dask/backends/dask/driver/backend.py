@@ -43,6 +43,7 @@ from ..config import (
     scheduler_timeout,
     share_colocated_inputs,
     socket_lane,
+    unreachable_timeout,
 )
 from ..config import device_transfer as config_device_transfer
 from ..internals import fail_future, future_state, pending_future, published_value, wait_all
@@ -62,6 +63,7 @@ from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
 from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
 from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
+from ..worker.used_mark import is_used, mark_used
 from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
@@ -69,6 +71,7 @@ from .connect import SchedulerLostError, open_client, resolve_security
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
 from .liveness import Liveness, TopicFanOut, futures_in
 from .placement import WorkerInfo, assign_slots
+from .reachability import CONNECT_S, PROBE_S, Reachability
 from .task_path import TaskPath
 from .timeouts import timed_out
 
@@ -82,6 +85,14 @@ POLL_S = 0.1
 REPLACE_WAIT_S = 60
 #: How long a released worker may take to come back as a fresh process.
 RESTART_WAIT_S = 60
+#: How long a call waits before the driver starts probing its worker's host.
+WATCH_AFTER_S = 1.0
+#: How long the driver keeps trying to reach a worker it found unreachable, to replace it.
+REJOIN_WAIT_S = 600
+#: How long ``replace`` waits for a worker on the dead slot's host before it takes a free
+#: one on another host (a nanny restarts a killed worker there within seconds; a host
+#: that was lost whole, or cut off, has none to offer).
+SAME_HOST_WAIT_S = 5.0
 #: How long ``shutdown`` waits for groups' instances to be dropped.
 SHUTDOWN_WAIT_S = 5
 #: Marks a result that ``gather`` must fetch from its worker.
@@ -155,10 +166,10 @@ class DaskBackend:
         self._scheduler_lost_since: float | None = None
         self._lock = threading.Lock()
         self._taken: set[str] = set()
-        self._dirty: set[str] = set()  # free workers a shut-down group ran in
         self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
+        self._reach = Reachability(self.client.connection_args.get("ssl_context"))
         self._probe: dict[str, dict] = {}
         self._groups: dict[str, list[InstanceRef]] = {}
         self._destroying: list[Any] = []
@@ -234,9 +245,9 @@ class DaskBackend:
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
         self._check_open()
         need = sum(process_on_nodes)
-        self._freshen(need)
+        avoid = self._freshen(need) if self._fresh else set()
         with self._lock:
-            free = [w for w in self._free_workers() if w.address not in self._dirty]
+            free = [w for w in self._free_workers() if w.address not in avoid]
             if self._owned_cluster is not None and len(free) < need and self._can_grow():
                 total = len(self._workers())
                 wanted = total + need - len(free)
@@ -250,7 +261,7 @@ class DaskBackend:
                     )
                 self._owned_cluster.scale(wanted)
                 self.client.wait_for_workers(wanted, timeout=120)
-                free = [w for w in self._free_workers() if w.address not in self._dirty]
+                free = [w for w in self._free_workers() if w.address not in avoid]
             gpu_workers = [w for w in free if w.has_gpu]
             if use_gpu is None:
                 use_gpu = bool(gpu_workers) and len(gpu_workers) >= need
@@ -274,22 +285,30 @@ class DaskBackend:
                     f"{', GPU' if use_gpu else ''}) on a cluster of {total} workers: {exc}"
                 ) from None
             self._taken.update(s.address for s in slots)
+        self._mark_used([s.address for s in slots])
         logger.debug("placed pool %s on %s", name, [s.address for s in slots])
         return slots
 
     def replace(self, slot: Slot) -> Slot:
         """A free live worker on the dead slot's host: the nanny restarts a killed worker
-        there within seconds (at a new address, or the same one with a fixed port). Waits up
-        to ``REPLACE_WAIT_S``."""
+        there within seconds (at a new address, or the same one with a fixed port); after
+        ``SAME_HOST_WAIT_S`` without one, a free worker on any host. Waits up to
+        ``REPLACE_WAIT_S``."""
         self._check_open()
-        deadline = time.monotonic() + REPLACE_WAIT_S
+        start = time.monotonic()
+        deadline = start + REPLACE_WAIT_S
         with self._lock:
             self._taken.discard(slot.address)  # a worker restarted there may take its place
         while True:
             with self._lock:
+                # the same host first; after SAME_HOST_WAIT_S, any host (a lost host's
+                # ranks are rebuilt on the others)
+                anywhere = time.monotonic() - start > SAME_HOST_WAIT_S
                 for info in self._free_workers():
-                    if info.host == slot.host and info.has_gpu == slot.device.startswith("cuda"):
+                    here = info.host == slot.host or anywhere
+                    if here and info.has_gpu == slot.device.startswith("cuda"):
                         self._taken.add(info.address)
+                        self._mark_used([info.address])
                         return Slot(
                             slot.index,
                             info.address,
@@ -312,30 +331,34 @@ class DaskBackend:
         them, as every verl group gets new processes; clean workers are taken first."""
         with self._lock:
             self._taken.difference_update(s.address for s in slots)
-            if self._fresh:
-                self._dirty.update(s.address for s in slots if not self._live.is_dead(s))
 
-    def _freshen(self, need: int) -> None:
-        """Restart as many used free workers as a pool of ``need`` lacks clean ones."""
+    def _mark_used(self, addresses: list[str]) -> None:
+        """Mark the workers a pool takes, in their own processes (``worker.used_mark``), so
+        that every driver of a shared cluster sees they are no longer fresh."""
+        if addresses:
+            self.client.run(mark_used, workers=addresses, on_error="return")
+
+    def _freshen(self, need: int) -> set[str]:
+        """Restart as many used free workers (marked by any driver) as a pool of ``need``
+        lacks clean ones; return the used ones left as they are, for the pool to avoid."""
         with self._lock:
             free = self._free_workers()
-            clean = [w for w in free if w.address not in self._dirty]
-            used = [w.address for w in free if w.address in self._dirty]
-        restart = used[: max(0, need - len(clean))]
+        marks = self.client.run(is_used, workers=[w.address for w in free], on_error="return")
+        used = [w.address for w in free if marks.get(w.address) is not False]
+        clean = len(free) - len(used)
+        restart = used[: max(0, need - clean)]
+        busy: list[str] = []
         if restart:  # never one that hosts instances (another backend's, on a shared cluster)
             hosting = self.client.run(count_instances, workers=restart, on_error="return")
-            busy = [a for a in restart if hosting.get(a) != 0]
-            with self._lock:
-                self._dirty.difference_update(busy)  # shared with live instances: reused
+            busy = [a for a in restart if hosting.get(a) != 0]  # shared with live instances
             restart = [a for a in restart if a not in busy]
+        avoid = set(used) - set(restart) - set(busy)
         if not restart:
-            return
+            return avoid
         with quiet_restarts():  # returns once the new processes have registered
             outcome = self.client.restart_workers(
                 restart, timeout=RESTART_WAIT_S, raise_for_error=False
             )
-        with self._lock:
-            self._dirty.difference_update(restart)
         reused = [a for a, status in outcome.items() if status != "OK"]
         if reused:
             logger.info("workers %s could not be restarted (no nanny?): reused as is", reused)
@@ -345,8 +368,9 @@ class DaskBackend:
             with self._lock:
                 addresses = {w.address for w in self._free_workers()}
             if not addresses & gone and len(addresses) >= len(free):
-                return
+                break
             time.sleep(0.05)
+        return avoid
 
     def free_port(self, slot: Slot) -> int:
         self._check_alive(slot, None)
@@ -448,6 +472,8 @@ class DaskBackend:
             self._check_open("gather results")
             pending = [f for f in pending if not f.done()]
             self._live.raise_if_lost(pending)
+            if pending and time.monotonic() - start > WATCH_AFTER_S:
+                self._check_reachable(pending)
             if pending and self._out_of_time(pending, start, limit):
                 raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
@@ -517,6 +543,78 @@ class DaskBackend:
         finally:
             running.cancel()  # (a no-op once it is done)
 
+    def _check_reachable(self, pending: Sequence[Any]) -> None:
+        """Probe the hosts of the calls still pending (and the scheduler's): a worker no
+        connection reached for ``hybridflow.unreachable-timeout`` is lost to this driver
+        (``WorkerUnreachableError``); a scheduler unreachable for
+        ``hybridflow.scheduler-timeout`` is ``SchedulerLostError``. When the scheduler
+        does not answer either, the cut is the driver's own: the workers are not blamed."""
+        where: dict[str, tuple[Slot, InstanceRef | None]] = {}
+        for f in pending:
+            placed = self._live.placed(f.key)
+            if placed is not None:
+                where.setdefault(placed[0].address, placed)
+        scheduler = self._scheduler_address
+        self._reach.watch([scheduler, *where])
+        cut_off = self._reach.unreachable_for(scheduler)
+        if cut_off > scheduler_timeout():
+            raise SchedulerLostError(scheduler, scheduler_timeout())
+        if cut_off > CONNECT_S + PROBE_S:
+            return
+        bound = unreachable_timeout()
+        for address, (slot, ref) in where.items():
+            if self._reach.unreachable_for(address) > bound:
+                self._lose_unreachable(slot, bound)
+                raise self._live.error(slot, ref)
+
+    def _lose_unreachable(self, slot: Slot, bound: float) -> None:
+        """``slot``'s worker is cut off: lost to this driver. What is still queued for it is
+        dropped (its connections reset), and once it answers again it is restarted (a
+        fresh process, free for any pool) unless it hosts other drivers' instances."""
+        with self._lock:
+            if self._live.is_dead(slot):
+                return
+            self._live.unreachable(slot, bound)
+            stale = sum(
+                r.slot.worker_id == slot.worker_id for refs in self._groups.values() for r in refs
+            )
+        logger.warning(
+            "worker %s unreachable for %gs: its ranks are lost to this driver", slot.address, bound
+        )
+        if self._direct is not None:
+            self._direct.abandon(slot.address)
+        threading.Thread(
+            target=self._replace_when_back,
+            args=(slot.address, stale),
+            name="hybridflow-rejoin",
+            daemon=True,
+        ).start()
+
+    def _replace_when_back(self, address: str, stale: int) -> None:
+        """Once the cut-off worker at ``address`` answers again, restart it: its instances
+        are ours and lost (rebuilt elsewhere by ``recover()``), so a fresh process takes
+        its place. A worker the scheduler dropped meanwhile comes back by itself."""
+        deadline = time.monotonic() + REJOIN_WAIT_S
+        while not self._closed and time.monotonic() < deadline:
+            self._reach.watch([address])
+            time.sleep(1.0)
+            if self._reach.unreachable_for(address) > CONNECT_S + PROBE_S:
+                continue
+            try:
+                if address not in self._workers():
+                    return
+                hosting = self.client.run(count_instances, workers=[address], on_error="return")
+                count = hosting.get(address)
+                if isinstance(count, int) and count <= stale:
+                    with quiet_restarts():
+                        self.client.restart_workers(
+                            [address], timeout=RESTART_WAIT_S, raise_for_error=False
+                        )
+                    logger.info("worker %s is reachable again: restarted", address)
+                return
+            except Exception:  # not reachable after all, or the client is closing
+                logger.debug("worker %s not back yet", address, exc_info=True)
+
     def _first_failed(self, futures: Sequence[Any]) -> int:
         """How many of ``futures`` to wait for: those before the first known to have
         failed (none when a worker was lost: that fails the wait at once), else all."""
@@ -584,6 +682,7 @@ class DaskBackend:
     def shutdown(self) -> None:
         if self._closed:
             return
+        self._reach.close()
         if self.client.status != "running":  # the scheduler is gone: nothing to tell it
             self._closed = True
             self._tasks.close()
@@ -745,6 +844,8 @@ class DaskBackend:
             if addr in self._taken:
                 continue
             if probe is None or not self._live.known(addr):
+                continue
+            if self._live.is_dead_id(probe["worker_id"]):  # cut off: lost until restarted
                 continue
             free.append(
                 WorkerInfo(

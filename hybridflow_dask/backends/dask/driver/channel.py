@@ -13,6 +13,8 @@ from typing import Any
 
 from distributed.comm import CommClosedError, connect
 
+from ..internals import reset_comm
+
 __all__ = ["Channel"]
 
 logger = logging.getLogger(__name__)
@@ -58,6 +60,12 @@ class Channel:
         self.runner.cancel()
         if self._comm is not None:
             self._comm.abort()
+
+    def reset(self) -> None:
+        """Close dropping what is not delivered yet (``internals.reset_comm``)."""
+        if self._comm is not None:
+            reset_comm(self._comm)
+        self.close()
 
     def _hand_over(self, replies: list[dict]) -> None:
         """Each reply to its message's callback. A function of its own, so that nothing

@@ -39,15 +39,21 @@ from distributed.protocol.serialize import Serialized
 from ....errors import CallTimeoutError
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
-from ..config import call_timeout
-from ..internals import fail_future, finish_future, future_state, pending_future, wait_future
+from ..config import call_timeout, unreachable_timeout
+from ..internals import (
+    fail_future,
+    finish_future,
+    future_state,
+    pending_future,
+    wait_future,
+)
 from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .channel import Channel
 from .lane import Lane
-from .liveness import Liveness, futures_in, lost_error
+from .liveness import Liveness, futures_in
 
 __all__ = ["DirectPath", "ReplyFuture"]
 
@@ -233,6 +239,24 @@ class DirectPath:
         self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], answer))
         return answer
 
+    def abandon(self, address: str) -> None:
+        """The worker at ``address`` is unreachable: reset the stream and lanes to it, so
+        that nothing still queued for it (calls reported failed) is delivered when its
+        link comes back. Its waiting messages fail as on a broken stream."""
+        with self._lanes_lock:
+            lanes = [k for k in (self._lanes or {}) if k[0] == address]
+            dropped = [(self._lanes or {}).pop(k, None) for k in lanes]
+        for lane in dropped:
+            if lane is not None:
+                lane.reset()
+
+        def reset() -> None:
+            channel = self._channels.pop(address, None)
+            if channel is not None:
+                channel.reset()
+
+        self._loop.call_soon_threadsafe(reset)
+
     def port(self, slot: Slot) -> int:
         return self._ask("hf_port", slot)
 
@@ -374,6 +398,9 @@ class DirectPath:
                 self._lane_reply,
                 self._lane_broken,
                 same_host=self._same_host_copy,
+                # a send that makes no progress that long: the worker's link is cut (a
+                # call's own deadline bounds its writes too: see Lane.request)
+                send_timeout=unreachable_timeout(),
                 limits=LaneLimits.from_config(),
                 tls=tls,
             )
@@ -439,7 +466,7 @@ class DirectPath:
 
     def _send(self, message: _Message) -> None:
         if self._live.is_dead(message.slot):
-            self._failed(message, lost_error(message.slot, message.ref))
+            self._failed(message, self._live.error(message.slot, message.ref))
             return
         channel = self._channels.get(message.address)
         if channel is None or channel.broken:
@@ -479,7 +506,7 @@ class DirectPath:
                 break  # it answered: alive
             await asyncio.sleep(0.01)
         if self._live.is_dead(message.slot):
-            lost = lost_error(message.slot, message.ref)
+            lost = self._live.error(message.slot, message.ref)
         else:
             lost = await self._withdrawn(message, answer)
         lost.__cause__ = error

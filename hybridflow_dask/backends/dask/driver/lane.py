@@ -36,6 +36,7 @@ import logging
 import queue
 import socket
 import ssl
+import struct
 import threading
 import time
 from collections.abc import Callable
@@ -74,11 +75,13 @@ class Lane:
         on_reply: Callable[[Any, dict], None],
         on_broken: Callable[[list[Any]], None],
         same_host: bool = True,
+        send_timeout: float | None = None,
         limits: LaneLimits | None = None,
         tls: ssl.SSLContext | None = None,
     ) -> None:
         raw = nodelay(socket.create_connection((host, port), timeout=CONNECT_TIMEOUT_S))
         self._sock: Any = raw
+        self._raw = raw
         #: Whether the lane runs TLS (on a TLS cluster, with the cluster's certificates).
         self.tls = tls is not None
         try:
@@ -92,6 +95,9 @@ class Lane:
             raw.close()
             raise
         self._sock.settimeout(None)
+        #: A write that makes no progress this long breaks the lane, deadline or none.
+        self._stall = send_timeout
+        bound_sends(self._sock, send_timeout)
         self._on_reply, self._on_broken = on_reply, on_broken
         self._limits = limits or LaneLimits()
         #: Replies copied out of the worker's memory, to release: the reader never writes.
@@ -124,7 +130,9 @@ class Lane:
             self._waiting[ident] = (context, msg)
         msg["id"] = ident
         deadline = msg.get("deadline")
-        write = self._sock.sendall if deadline is None else _until(self._sock, deadline)
+        write = (
+            self._sock.sendall if deadline is None else _until(self._sock, deadline, self._stall)
+        )
         try:
             with self._write_lock:
                 write_message(write, msg, leave_in_place=self._leave_in_place)
@@ -134,6 +142,14 @@ class Lane:
     def close(self) -> None:
         with contextlib.suppress(OSError):
             self._sock.shutdown(socket.SHUT_RDWR)
+
+    def reset(self) -> None:
+        """End the lane dropping what is still queued for the worker (its host is cut
+        off): the reader's close of the socket then resets the connection instead of
+        delivering the rest when the link comes back."""
+        with contextlib.suppress(OSError):
+            self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+        self.close()
 
     def _read(self) -> None:
         try:
@@ -177,7 +193,7 @@ class Lane:
 WRITE_CHUNK = 4 << 20
 
 
-def _until(sock: Any, deadline: float) -> Callable[[Any], None]:
+def _until(sock: Any, deadline: float, stall: float | None) -> Callable[[Any], None]:
     """A ``sendall`` that gives up at ``deadline`` (``time.time()``) with ``OSError``:
     chunk by chunk, each write bounded by the time left (a stopped reader makes a blocked
     write wait for good, and the kernel's per-write timeout restarts with every byte that
@@ -190,9 +206,9 @@ def _until(sock: Any, deadline: float) -> Callable[[Any], None]:
                 left = deadline - time.time()
                 if left <= 0:
                     raise TimeoutError("the call's hybridflow.call-timeout passed while writing")
-                bound_sends(sock, left)
+                bound_sends(sock, left if stall is None else min(left, stall))
                 sock.sendall(view[start : start + WRITE_CHUNK])
         finally:
-            bound_sends(sock, None)
+            bound_sends(sock, stall)
 
     return write

@@ -20,9 +20,9 @@ from typing import Any
 
 from distributed import Future
 
-from ...base import InstanceRef, Slot, WorkerLostError
+from ...base import InstanceRef, Slot, WorkerLostError, WorkerUnreachableError
 
-__all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error"]
+__all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error", "unreachable_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -35,6 +35,9 @@ class Liveness:
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._dead: set[str] = set()  # worker ids
+        #: worker ids of the dead that are really unreachable (a cut link): for this driver
+        #: they are lost, and what fails on them says so
+        self._unreachable: dict[str, float] = {}
         self._id_at: dict[str, str] = {}  # address -> id of the process there now
         self._was_at: dict[str, str] = {}  # address -> id of the process that died there
         #: task key -> (slot, instance or None, worker ids it needs alive); an entry leaves
@@ -116,6 +119,20 @@ class Liveness:
                 found.append((ref, _label(fut)[len(group) + 1 :]))
         return found
 
+    def unreachable(self, slot: Slot, bound: float) -> None:
+        """``slot``'s worker did not answer on the network for ``bound`` seconds: lost to
+        this driver, like a dead one, though its process may live on behind the cut."""
+        with self._lock:
+            self._dead.add(slot.worker_id)
+            self._unreachable[slot.worker_id] = bound
+
+    def error(self, slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
+        """What a call on a lost ``slot`` fails with: unreachable, or died."""
+        bound = self._unreachable.get(slot.worker_id)
+        if bound is not None:
+            return unreachable_error(slot, ref, bound)
+        return lost_error(slot, ref)
+
     # -- questions ---------------------------------------------------------------------------
 
     def issued(self, fut: Any) -> tuple[InstanceRef, int] | None:
@@ -131,6 +148,9 @@ class Liveness:
 
     def is_dead(self, slot: Slot) -> bool:
         return slot.worker_id in self._dead
+
+    def is_dead_id(self, worker_id: str) -> bool:
+        return worker_id in self._dead
 
     def placed(self, key: str) -> tuple[Slot, InstanceRef | None] | None:
         """Where the task behind ``key`` ran (so where its result is) and for which
@@ -154,11 +174,11 @@ class Liveness:
             if time.monotonic() > deadline:
                 return error
             time.sleep(0.01)
-        return lost_error(slot, ref)
+        return self.error(slot, ref)
 
     def check(self, slot: Slot, ref: InstanceRef | None) -> None:
         if self.is_dead(slot):
-            raise lost_error(slot, ref)
+            raise self.error(slot, ref)
 
     def raise_if_lost(self, futures: Sequence[Any]) -> None:
         """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
@@ -178,7 +198,7 @@ class Liveness:
             return None
         slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
         if slot is not None and self.is_dead(slot):
-            return lost_error(slot, ref)
+            return self.error(slot, ref)
         dead = sorted(needs & self._dead)
         if not dead:
             return None
@@ -219,6 +239,16 @@ def lost_error(slot: Slot, ref: InstanceRef | None) -> WorkerLostError:
     return WorkerLostError(
         f"the Dask worker {slot.address} hosting {who} died; its instances and results "
         "are lost (WorkerGroup.recover() rebuilds the rank on a live worker)"
+    )
+
+
+def unreachable_error(slot: Slot, ref: InstanceRef | None, bound: float) -> WorkerUnreachableError:
+    who = f"rank {ref.rank} of worker group {ref.group!r}" if ref else f"slot {slot.index}"
+    return WorkerUnreachableError(
+        f"the Dask worker {slot.address} hosting {who} is unreachable: no connection to it "
+        f"completed for hybridflow.unreachable-timeout={bound:g}s (a cut link or a lost "
+        "host); its calls failed and will not be delivered, its instances and results are "
+        "lost to this driver (WorkerGroup.recover() rebuilds the rank on a reachable worker)"
     )
 
 

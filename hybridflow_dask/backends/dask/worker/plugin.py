@@ -65,6 +65,8 @@ class InstancesPlugin(WorkerPlugin):
 
     def setup(self, worker: Any) -> None:
         self.worker = worker
+        #: A pool has taken this worker (``used_mark``): a fresh-processes driver restarts it.
+        self.used = False
         _quiet_worker_logs(worker)
         self.calls = CallLog(worker)
         self.instances = Instances(SerializerCopy(), self.calls, enter=self._enter)
