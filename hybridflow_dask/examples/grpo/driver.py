@@ -118,12 +118,14 @@ def _check_a_process_per_rank(actor: hf.WorkerGroup) -> None:
     """The ranks join one gloo process group, which needs a process per rank: two ranks in
     one process (a backend that runs them inline, like ``local``) would wait for each
     other forever, so that is an error up front."""
-    pids = actor.pid()
-    if len(set(pids)) < len(pids):
+    # A process is a slot's worker (its address and incarnation), not a pid: hosts in
+    # PID namespaces of their own give their processes the same small pids.
+    processes = {(ref.slot.address, ref.slot.worker_id) for ref in actor.workers}
+    if len(processes) < actor.world_size:
         raise UnsuitableBackendError(
             f"the GRPO demo needs a process per rank (the ranks join one torch process "
-            f"group), but backend {actor.backend.name!r} runs its {len(pids)} ranks in "
-            f"{len(set(pids))} process(es): use world_size=1 (--workers 1) or a backend with "
+            f"group), but backend {actor.backend.name!r} runs its {actor.world_size} ranks in "
+            f"{len(processes)} process(es): use world_size=1 (--workers 1) or a backend with "
             "a process per rank, such as dask or ray"
         )
 
