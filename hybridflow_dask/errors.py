@@ -86,13 +86,18 @@ class SchedulerLostError(HybridFlowError, ConnectionError):
 class SchedulerUnreachableError(HybridFlowError, ConnectionError):
     """No scheduler answered at ``address`` within ``timeout`` seconds, or TLS failed.
 
-    ``reason`` is the cause in words; a TLS one starts with ``TLS``.
+    ``reason`` is the cause in words; a TLS one starts with ``TLS``. ``message`` replaces
+    the default text (a backend whose cluster is not Dask's says what to start instead).
     """
 
-    def __init__(self, address: str, timeout: float, why: str) -> None:
+    def __init__(self, address: str, timeout: float, why: str, message: str = "") -> None:
         self.address = address
         self.timeout = timeout
         self.reason = why
+        self._message = message
+        if message:
+            super().__init__(message)
+            return
         if why.startswith("TLS"):  # it says what to check; the generic advice would mislead
             super().__init__(f"cannot connect to the Dask scheduler at {address} ({why})")
             return
@@ -103,7 +108,7 @@ class SchedulerUnreachableError(HybridFlowError, ConnectionError):
         )
 
     def __reduce__(self) -> tuple:
-        return (type(self), (self.address, self.timeout, self.reason))
+        return (type(self), (self.address, self.timeout, self.reason, self._message))
 
 
 class CallTimeoutError(HybridFlowError, TimeoutError):

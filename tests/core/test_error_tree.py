@@ -50,3 +50,17 @@ def test_errors_with_fields_survive_pickling():
     assert (lost.address, lost.timeout) == ("tcp://h:1", 3.0) and "tcp://h:1" in str(lost)
     unreachable = pickle.loads(pickle.dumps(errors.SchedulerUnreachableError("a", 1.0, "why")))
     assert unreachable.reason == "why"
+
+
+def test_a_ray_address_where_nothing_listens_is_a_scheduler_unreachable_error():
+    pytest.importorskip("ray", reason="RayBackend needs the optional ray package")
+    from hybridflow_dask.backends.hosting import find_free_port
+    from hybridflow_dask.backends.ray.driver.connect import check_answers
+
+    address = f"127.0.0.1:{find_free_port()}"  # free now: nothing listens there
+    with pytest.raises(hf.HybridFlowError) as caught:
+        check_answers(address, timeout=1.0)
+    assert isinstance(caught.value, errors.SchedulerUnreachableError)
+    assert f"no Ray cluster answers at {address}" in str(caught.value)
+    back = pickle.loads(pickle.dumps(caught.value))
+    assert str(back) == str(caught.value)

@@ -9,6 +9,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ....errors import SchedulerUnreachableError
+
 __all__ = ["CONNECT_WAIT_S", "check_answers", "with_driver_paths"]
 
 #: How long ``RayBackend(address=...)`` waits for the address to accept a connection.
@@ -26,9 +28,13 @@ def check_answers(address: str, timeout: float = CONNECT_WAIT_S) -> None:
         with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout):
             pass
     except OSError as exc:
-        raise ConnectionError(
-            f"no Ray cluster answers at {address} ({exc.strerror or exc}); start its head "
-            "with `ray start --head`, or give the address it printed"
+        why = str(exc.strerror or exc)
+        raise SchedulerUnreachableError(
+            address,
+            timeout,
+            why,
+            f"no Ray cluster answers at {address} ({why}); start its head with `ray start "
+            "--head`, or give the address it printed",
         ) from None
 
 
