@@ -46,7 +46,7 @@ from ..config import (
     unreachable_timeout,
 )
 from ..config import device_transfer as config_device_transfer
-from ..internals import fail_future, future_state, pending_future, published_value, wait_all
+from ..internals import future_state, published_value, wait_all
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..wire import (
@@ -59,7 +59,7 @@ from ..wire.device_route import (
     TransferRoute,
     choose_transfer_route,
 )
-from ..wire.keys import EVENT_TOPIC, GROUP_DATASET, task_key
+from ..wire.keys import EVENT_TOPIC, GROUP_DATASET
 from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
 from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
@@ -441,10 +441,15 @@ class DaskBackend:
         self._check_open()
         if slot is not None:
             self._check_alive(slot, None)
-        unknown = self._path.waits_for(futures_in(args))
-        if not unknown:
-            return self._tasks.submit(fn, *args, label=label, slot=slot, ref=None)
-        return self._submit_when_known(unknown, fn, args, label, slot)
+
+        def send(future: Future | None) -> Future:
+            self._check_open()
+            return self._tasks.submit(fn, *args, label=label, slot=slot, ref=None, future=future)
+
+        future = self._path.submit_when_known(futures_in(args), send, label)
+        if slot is not None:
+            self._live.track(future, slot, None, args)
+        return future
 
     def gather(self, futures: Sequence[Any]) -> list[Any]:
         """Wait for all, failing early on an error or a dead worker, then fetch directly.
@@ -713,39 +718,6 @@ class DaskBackend:
             self._owned_cluster.close()
 
     # -- internals ------------------------------------------------------------------------
-
-    def _submit_when_known(
-        self,
-        unknown: list[Future],
-        fn: Callable[..., Any],
-        args: tuple,
-        label: str,
-        slot: Slot | None,
-    ) -> Future:
-        """Submit ``fn`` once the keys it depends on are known to the scheduler."""
-        direct = self._direct
-        assert direct is not None
-        future = pending_future(self.client, task_key(label))
-        direct.expect(future.key)
-
-        async def submit_later() -> None:
-            try:
-                for dep in unknown:
-                    await direct.until_known(dep)
-                    if dep.status in ("error", "cancelled"):
-                        fail_future(future, future_state(dep).exception)
-                        return
-                if not self._closed:
-                    self._tasks.submit(fn, *args, label=label, slot=slot, ref=None, future=future)
-            except Exception as exc:  # the client is closing, or the task cannot be sent
-                fail_future(future, exc)
-            finally:
-                direct.announce(future.key)
-
-        asyncio.run_coroutine_threadsafe(submit_later(), self.client.loop.asyncio_loop)
-        if slot is not None:
-            self._live.track(future, slot, None, args)
-        return future
 
     def _next_seq(self, ref: InstanceRef) -> int:
         key = ref.key

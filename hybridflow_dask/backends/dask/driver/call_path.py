@@ -17,7 +17,7 @@ method returns (see ``wire.snapshot``), and what the driver holds is an ordinary
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 from distributed import Future
@@ -81,8 +81,12 @@ class CallPath(Protocol):
         """``future``'s value if it came back with its reply, else ``default``."""
         ...
 
-    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
-        """Those of ``futures`` whose keys the scheduler does not know yet."""
+    def submit_when_known(
+        self, futures: Sequence[Future], submit: Callable[[Future | None], Future], label: str
+    ) -> Future:
+        """A task that depends on ``futures``, sent once the scheduler knows their keys:
+        ``submit(None)`` at once when it does, else ``submit(pending)`` later, where
+        ``pending`` is the future this returns now."""
         ...
 
     def close(self) -> None:

@@ -29,7 +29,7 @@ import logging
 import threading
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, cast
 
 from distributed import Future
@@ -333,10 +333,34 @@ class DirectPath:
         with self._lock:
             return self._plain.get(future, default)
 
-    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
-        """Those of ``futures`` whose keys the scheduler does not know yet."""
+    def submit_when_known(
+        self, futures: Sequence[Future], submit: Callable[[Future | None], Future], label: str
+    ) -> Future:
+        """A task on results of non-blocking calls still in flight waits for their keys
+        to be registered with the scheduler (which would ignore a task needing unknown
+        keys): it is submitted from the loop once they are, into the future handed out now."""
         with self._lock:
-            return [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
+            unknown = [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
+        if not unknown:
+            return submit(None)
+        future = pending_future(self.client, task_key(label))
+        self.expect(future.key)
+
+        async def submit_later() -> None:
+            try:
+                for dep in unknown:
+                    await self.until_known(dep)
+                    if dep.status in ("error", "cancelled"):
+                        fail_future(future, future_state(dep).exception)
+                        return
+                submit(future)
+            except Exception as exc:  # the client is closing, or the task cannot be sent
+                fail_future(future, exc)
+            finally:
+                self.announce(future.key)
+
+        asyncio.run_coroutine_threadsafe(submit_later(), self._loop)
+        return future
 
     def expect(self, key: str) -> None:
         """``key`` will be known to the scheduler later; tasks needing it must wait."""

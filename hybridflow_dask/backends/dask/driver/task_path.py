@@ -127,8 +127,10 @@ class TaskPath:
     def plain_result(self, future: Future, default: Any) -> Any:
         return default  # results stay on the workers until gathered
 
-    def waits_for(self, futures: Sequence[Any]) -> list[Future]:
-        return []  # every key it hands out is the scheduler's from the start
+    def submit_when_known(
+        self, futures: Sequence[Future], submit: Callable[[Future | None], Future], label: str
+    ) -> Future:
+        return submit(None)  # every key this path hands out is the scheduler's from the start
 
     def destroy(self, ref: InstanceRef, seq: int) -> Future:
         future = self.submit(
