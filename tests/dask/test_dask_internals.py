@@ -269,3 +269,21 @@ def test_reading_a_published_value_does_not_make_the_scheduler_warn_of_pending_k
     finally:
         client.unpublish_dataset("canary_published")
         del pending
+
+
+def test_a_worker_says_its_own_id_through_the_clients_connection_pool(hf_dask_backend):
+    import asyncio
+
+    from hybridflow_dask.backends.dask.internals import worker_id_of
+
+    client = hf_dask_backend.client
+    ids = client.run(lambda dask_worker: dask_worker.id)
+    address = sorted(ids)[0]
+    asked = asyncio.run_coroutine_threadsafe(
+        worker_id_of(client, address, 5.0), client.loop.asyncio_loop
+    ).result(10)
+    assert asked == ids[address]
+    nowhere = asyncio.run_coroutine_threadsafe(
+        worker_id_of(client, "tcp://127.0.0.1:9", 1.0), client.loop.asyncio_loop
+    ).result(10)
+    assert nowhere is None

@@ -49,6 +49,7 @@ __all__ = [
     "submit_as",
     "wait_all",
     "wait_future",
+    "worker_id_of",
 ]
 
 #: How often ``fetch_keys`` asks a busy holder again.
@@ -60,6 +61,17 @@ def adopt_future(client: Any, key: Any) -> Future:
     future = Future(key, client)
     client._send_to_scheduler({"op": "client-desires-keys", "keys": [key], "client": client.id})
     return future
+
+
+async def worker_id_of(client: Any, address: str, timeout: float) -> str | None:
+    """The id of the worker process at ``address`` (``Worker.id``, one per incarnation),
+    asked of the worker itself through the client's connection pool; ``None`` when it
+    does not answer within ``timeout``."""
+    try:
+        info = await asyncio.wait_for(client.rpc(address).identity(), timeout)
+    except Exception:
+        return None
+    return info.get("id") if isinstance(info, dict) else None
 
 
 def dont_reply() -> Any:

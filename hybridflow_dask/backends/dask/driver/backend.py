@@ -46,7 +46,7 @@ from ..config import (
     unreachable_timeout,
 )
 from ..config import device_transfer as config_device_transfer
-from ..internals import future_state, published_value, wait_all
+from ..internals import future_state, published_value, wait_all, worker_id_of
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..wire import (
@@ -69,7 +69,7 @@ from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
 from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
-from .liveness import Liveness, TopicFanOut, futures_in
+from .liveness import Liveness, TopicFanOut, dead_address, futures_in
 from .placement import WorkerInfo, assign_slots
 from .reachability import CONNECT_S, PROBE_S, Reachability
 from .task_path import TaskPath
@@ -81,6 +81,8 @@ logger = logging.getLogger(__name__)
 
 #: How often a waiting ``gather`` looks for dead workers.
 POLL_S = 0.1
+#: How long a worker reported dead while the scheduler still lists it may take to answer.
+DEATH_CHECK_S = 1.0
 #: How long ``replace`` waits for a worker to take a dead one's place.
 REPLACE_WAIT_S = 60
 #: How long a released worker may take to come back as a fresh process.
@@ -174,6 +176,7 @@ class DaskBackend:
         self._groups: dict[str, list[InstanceRef]] = {}
         self._destroying: list[Any] = []
         self._closed = False
+        self._confirming: set[asyncio.Future] = set()  # death reports being checked
         #: Bytes this driver sent to workers and fetched from them, whatever the path.
         self.driver_bytes = {"scattered": 0, "gathered": 0}
         share = share_colocated_inputs()
@@ -727,6 +730,35 @@ class DaskBackend:
             return seq
 
     def _on_worker_removed(self, event: Any) -> None:
+        """A death report on the topic (loop thread). Any client may post there, so the
+        report counts only once the scheduler confirms it (``_confirm_death``)."""
+        address = dead_address(event)
+        if address is None or not self._live.known(address):
+            return
+        confirming = asyncio.ensure_future(self._confirm_death(address, event))
+        self._confirming.add(confirming)  # (held until done: the loop keeps weak ones)
+        confirming.add_done_callback(self._confirming.discard)
+
+    async def _confirm_death(self, address: str, event: Any) -> None:
+        """The worker at ``address`` is gone if the scheduler no longer lists it, or the
+        process there now is another one (or does not answer at once); a report about a
+        live worker the scheduler still lists is ignored, and logged."""
+        try:
+            listed = address in (await self.client.scheduler.identity())["workers"]
+        except Exception:  # the scheduler is gone too: the report stands
+            listed = False
+        if listed:
+            process = await worker_id_of(self.client, address, DEATH_CHECK_S)
+            if process is not None and process == self._live.id_at(address):
+                logger.warning(
+                    "ignored a report that the Dask worker %s died: the scheduler still "
+                    "lists it and it answers as the same process",
+                    address,
+                )
+                return
+        self._worker_removed(event)
+
+    def _worker_removed(self, event: Any) -> None:
         address = self._live.on_worker_removed(event)
         if address is None:
             return

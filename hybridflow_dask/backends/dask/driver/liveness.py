@@ -89,14 +89,15 @@ class Liveness:
         self._calls.pop(key, None)
         self._refs.pop(key, None)
 
+    def id_at(self, address: str) -> str | None:
+        """The id of the process this backend knows at ``address``."""
+        return self._id_at.get(address)
+
     def on_worker_removed(self, event: Any) -> str | None:
-        """Handle a ``DEATH_TOPIC`` event (``scheduler.deaths``); the dead address, if it
-        was a process this backend knew."""
-        _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
-        if not isinstance(msg, dict):
-            return None
-        address = msg.get("worker")
-        if not isinstance(address, str):
+        """Handle a confirmed ``DEATH_TOPIC`` event (``scheduler.deaths``); the dead
+        address, if it was a process this backend knew."""
+        address = dead_address(event)
+        if address is None:
             return None
         with self._lock:
             worker_id = self._id_at.pop(address, None)
@@ -291,6 +292,13 @@ class TopicFanOut:
         if not fan.handlers:
             delattr(client, cls.ATTRIBUTE)
             client.unsubscribe_topic(topic)
+
+
+def dead_address(event: Any) -> str | None:
+    """The address a ``DEATH_TOPIC`` event names, or ``None`` for a malformed one."""
+    _, msg = event if isinstance(event, tuple) and len(event) == 2 else (None, event)
+    address = msg.get("worker") if isinstance(msg, dict) else None
+    return address if isinstance(address, str) else None
 
 
 def futures_in(values: Any, depth: int = 2) -> list[Future]:
