@@ -338,3 +338,32 @@ def test_whatever_a_worker_end_sends_back_the_driver_end_closes_cleanly(chunks):
 def lane_server():
     with _server(stall_s=2.0, limits=LaneLimits(max_message_bytes=64 << 20)) as server:
         yield server
+
+
+def test_a_token_just_handed_out_survives_a_flood_of_requests_with_new_driver_ids():
+    from hybridflow_dask.backends.dask.worker.lane_server import MAX_TOKENS
+
+    with _server() as server:
+        offered = server.token_for("driver-a")  # the driver is about to open its lane
+        for i in range(MAX_TOKENS + 10):  # what anyone reaching the comm may ask for
+            server.token_for(f"flood-{i}")
+        lane = Lane("127.0.0.1", server.port, offered, lambda *_: None, lambda *_: None)
+        lane.close()  # it opened with the token it was given
+
+
+def test_a_token_with_a_lane_open_outlives_idle_ones(monkeypatch):
+    from hybridflow_dask.backends.dask.worker import lane_server
+
+    monkeypatch.setattr(lane_server, "TOKEN_SETTLE_S", 0.0)  # every token settled at once
+    with _server() as server:
+        live = server.token_for("driver-live")
+        lane, _, _ = _lane(server, "driver-live")  # open on its token
+        assert _served(server, "driver-live")  # (and the worker's end is serving it)
+        idle = server.token_for("driver-idle")
+        try:
+            for i in range(lane_server.MAX_TOKENS + 10):
+                server.token_for(f"flood-{i}")
+            assert server.token_for("driver-live") == live, "a live driver's token went"
+            assert server.token_for("driver-idle") != idle, "idle tokens must go first"
+        finally:
+            lane.close()

@@ -16,6 +16,7 @@ import time
 import dask
 import pytest
 import torch
+from call_paths import backend_on
 from distributed.protocol.serialize import Serialized, serialize
 
 import hybridflow_dask as hf
@@ -332,3 +333,28 @@ def test_the_drivers_reader_goes_on_reading_while_a_caller_holds_the_write_lock(
     finally:
         lane.close()
         server.close()
+
+
+def test_a_driver_turned_away_from_a_lane_asks_again_later(hf_dask_cluster, monkeypatch):
+    from hybridflow_dask.backends.dask.driver import direct_path
+
+    monkeypatch.setattr(direct_path, "LANE_RETRY_S", 0.3)
+    with backend_on("lane", hf_dask_cluster) as backend:
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Lanes, backend=backend)
+        path = backend._direct
+        real = path._open_lane
+        turned_away: list[str] = []
+
+        def busy_once(slot):
+            if not turned_away:
+                turned_away.append(slot.address)
+                raise ConnectionError("too many connections opening at once")
+            return real(slot)
+
+        monkeypatch.setattr(path, "_open_lane", busy_once)
+        assert group.where()  # on the Dask comm: the lane turned it away
+        assert turned_away and not [x for x in path._lanes.values() if isinstance(x, Lane)]
+        time.sleep(0.4)
+        assert group.where()  # asked again: the lane carries it now
+        assert [x for x in path._lanes.values() if isinstance(x, Lane)]
+        group.shutdown()

@@ -30,6 +30,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any, cast
 
 from distributed import Future
@@ -84,6 +85,19 @@ class ReplyFuture(concurrent.futures.Future):
 
 
 _UNASKED: Any = object()
+#: How long a driver turned away from a worker's lane waits before it asks again (doubling
+#: each time it is turned away, up to ``LANE_RETRY_MAX_S``); the Dask comm carries its
+#: calls meanwhile.
+LANE_RETRY_S = 1.0
+LANE_RETRY_MAX_S = 60.0
+
+
+@dataclass(frozen=True)
+class _NotYet:
+    """A lane that could not be opened: ask again at ``until`` (``time.monotonic()``)."""
+
+    until: float
+    wait: float
 
 
 class _Message:
@@ -131,7 +145,7 @@ class DirectPath:
         self._live = live
         self._share = share
         #: Each worker process's socket lane (by address and worker id), or ``None``: it has none.
-        self._lanes: dict[tuple[str, str], Lane | None] | None = {} if lanes else None
+        self._lanes: dict[tuple[str, str], Lane | _NotYet | None] | None = {} if lanes else None
         self._lanes_lock = threading.Lock()
         self._same_host_copy = same_host_copy
         self._closed = False
@@ -247,7 +261,7 @@ class DirectPath:
             lanes = [k for k in (self._lanes or {}) if k[0] == address]
             dropped = [(self._lanes or {}).pop(k, None) for k in lanes]
         for lane in dropped:
-            if lane is not None:
+            if isinstance(lane, Lane):
                 lane.reset()
 
         def reset() -> None:
@@ -272,7 +286,7 @@ class DirectPath:
         with self._lanes_lock:
             lanes, self._lanes = list((self._lanes or {}).values()), None
         for lane in lanes:
-            if lane is not None:
+            if isinstance(lane, Lane):
                 lane.close()
         with contextlib.suppress(Exception):  # the loop may already be closed
             asyncio.run_coroutine_threadsafe(self._close(), self._loop).result(timeout)
@@ -397,40 +411,48 @@ class DirectPath:
             lanes.pop(process, None)
             return None
         lane = lanes.get(process, _UNASKED)
-        if lane is None or (lane is not _UNASKED and not lane.broken):
+        if isinstance(lane, _NotYet):
+            if time.monotonic() < lane.until:
+                return None  # turned away a moment ago: the Dask comm, for now
+        elif lane is None or (lane is not _UNASKED and not lane.broken):
             return lane
         with self._lanes_lock:
             lane = lanes.get(process, _UNASKED)
-            if lane is _UNASKED or (lane is not None and lane.broken):
-                lane = lanes[process] = self._open_lane(slot)
-        return lane
+            due = isinstance(lane, _NotYet) and time.monotonic() >= lane.until
+            if lane is _UNASKED or due or (isinstance(lane, Lane) and lane.broken):
+                try:
+                    lanes[process] = self._open_lane(slot)
+                except Exception as exc:  # turned away (busy, token gone): try again later
+                    wait = min(lane.wait * 2, LANE_RETRY_MAX_S) if due else LANE_RETRY_S
+                    logger.debug("no socket lane to %s for %gs: %r", slot.address, wait, exc)
+                    lanes[process] = _NotYet(time.monotonic() + wait, wait)
+            lane = lanes[process]
+        return lane if isinstance(lane, Lane) else None
 
     def _open_lane(self, slot: Slot) -> Lane | None:
-        try:
-            offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S, driver=self.driver_id)
-            if offer is None:
-                return None
-            port, token_id, token = offer
-            host = lane_host(slot.address)
-            tls = None
-            if is_tls(slot.address):  # the worker's lane runs TLS: show our certificate
-                tls = self.client.security.get_connection_args("client")["ssl_context"]
-            return Lane(
-                cast(str, host),  # a worker that offers a lane is on TCP or TLS: a host
-                port,
-                (token_id, token),
-                self._lane_reply,
-                self._lane_broken,
-                same_host=self._same_host_copy,
-                # a send that makes no progress that long: the worker's link is cut (a
-                # call's own deadline bounds its writes too: see Lane.request)
-                send_timeout=unreachable_timeout(),
-                limits=LaneLimits.from_config(),
-                tls=tls,
-            )
-        except Exception as exc:  # no lane, for this process: its calls use the Dask comm
-            logger.debug("no socket lane to %s: %r", slot.address, exc)
+        """A new lane to ``slot``'s worker; ``None`` when it offers none (not TCP or TLS).
+        Raises when it could not be opened (the worker may let us in later)."""
+        offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S, driver=self.driver_id)
+        if offer is None:
             return None
+        port, token_id, token = offer
+        host = lane_host(slot.address)
+        tls = None
+        if is_tls(slot.address):  # the worker's lane runs TLS: show our certificate
+            tls = self.client.security.get_connection_args("client")["ssl_context"]
+        return Lane(
+            cast(str, host),  # a worker that offers a lane is on TCP or TLS: a host
+            port,
+            (token_id, token),
+            self._lane_reply,
+            self._lane_broken,
+            same_host=self._same_host_copy,
+            # a send that makes no progress that long: the worker's link is cut (a
+            # call's own deadline bounds its writes too: see Lane.request)
+            send_timeout=unreachable_timeout(),
+            limits=LaneLimits.from_config(),
+            tls=tls,
+        )
 
     def _lane_reply(self, message: _Message, reply: dict) -> None:
         error = _reply_error(reply)

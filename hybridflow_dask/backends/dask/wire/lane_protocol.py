@@ -85,11 +85,12 @@ def _where(probe: Probe | None) -> bytes:
 
 def open_as_worker(
     conn: socket.socket, tokens: dict[bytes, bytes], *, same_host: bool
-) -> tuple[int | None, bool]:
+) -> tuple[bytes, int | None, bool]:
     """The worker's half of opening a lane on ``conn`` (a timeout set on it bounds each
-    read). ``tokens``: the tokens handed out, by id. Returns the driver's process id when
-    its frames may be copied out of its memory (else ``None``), and whether this end may
-    leave its own frames in place. Raises ``LaneRefused``."""
+    read). ``tokens``: the tokens handed out, by id. Returns the id of the token the
+    driver proved, the driver's process id when its frames may be copied out of its
+    memory (else ``None``), and whether this end may leave its own frames in place.
+    Raises ``LaneRefused``."""
     server_nonce = secrets.token_bytes(NONCE_BYTES)
     conn.sendall(server_nonce)
     token_id, client_nonce, claimed = _CLAIM.unpack(recv_exactly(conn, _CLAIM.size))
@@ -111,7 +112,7 @@ def open_as_worker(
         + _where(probe)
     )
     (leave_in_place,) = _YES.unpack(recv_exactly(conn, _YES.size))
-    return pull_from, leave_in_place
+    return token_id, pull_from, leave_in_place
 
 
 def open_as_driver(

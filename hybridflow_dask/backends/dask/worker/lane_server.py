@@ -21,7 +21,7 @@ import socket
 import ssl
 import threading
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
 from collections.abc import Callable
 from typing import Any
 
@@ -46,6 +46,12 @@ logger = logging.getLogger(__name__)
 
 #: Tokens kept, one per driver that asked (the oldest is forgotten first).
 MAX_TOKENS = 1024
+#: The table may grow to this many while newer tokens are still within their handshake
+#: window; past it the oldest go whatever their age (a flood of requests).
+HARD_MAX_TOKENS = 4 * MAX_TOKENS
+#: How long a token just handed out is kept whatever else is asked for: its driver may be
+#: opening its lane with it.
+TOKEN_SETTLE_S = CONNECT_TIMEOUT_S
 #: Connections allowed to be opening at once.
 MAX_HANDSHAKES = 16
 #: The longest the accept loop waits after an error before it tries again.
@@ -76,6 +82,10 @@ class LaneServer:
         self.port: int = self._listener.getsockname()[1]
         self._tokens: OrderedDict[bytes, bytes] = OrderedDict()
         self._by_driver: dict[str, bytes] = {}
+        #: Tokens with a lane open on them: never pushed out by others' requests.
+        self._in_use: Counter[bytes] = Counter()
+        #: When each token was handed out (``time.monotonic()``).
+        self._issued: dict[bytes, float] = {}
         self._handle = handle
         #: The worker's server context on a TLS cluster: every lane runs TLS, both ends
         #: showing the cluster's certificates.
@@ -93,18 +103,47 @@ class LaneServer:
         threading.Thread(target=self._watch, name="hybridflow-lane-watch", daemon=True).start()
 
     def token_for(self, driver: str) -> tuple[bytes, bytes]:
-        """The token (id, secret) a driver presents when it opens lanes here; its own."""
+        """The token (id, secret) a driver presents when it opens lanes here; its own.
+
+        About ``MAX_TOKENS`` are kept, the least recently asked for going first, but never
+        one with a lane open on it, nor one handed out less than ``TOKEN_SETTLE_S`` ago
+        (its driver may be opening its lane with it now): requests with ever new driver
+        ids, which anyone who reaches the worker's comm may send, cannot push out a live
+        driver's token, unless they come faster than ``HARD_MAX_TOKENS`` per handshake
+        window (and a driver turned away asks again later).
+        """
         with self._lock:
+            now = time.monotonic()
             token_id = self._by_driver.get(driver)
             if token_id is not None and token_id in self._tokens:
+                self._tokens.move_to_end(token_id)
+                self._issued[token_id] = now
                 return token_id, self._tokens[token_id]
             token_id, token = new_token()
             self._tokens[token_id] = token
+            self._issued[token_id] = now
             self._by_driver[driver] = token_id
-            while len(self._tokens) > MAX_TOKENS:
-                old, _ = self._tokens.popitem(last=False)
-                self._by_driver = {d: t for d, t in self._by_driver.items() if t != old}
+            if len(self._tokens) > MAX_TOKENS:
+                self._drop_tokens(now)
             return token_id, token
+
+    def _drop_tokens(self, now: float) -> None:
+        """Bring the table back to ``MAX_TOKENS`` if it can (hold ``_lock``)."""
+        settled = now - TOKEN_SETTLE_S
+        spare = [
+            t for t in self._tokens if not self._in_use[t] and self._issued.get(t, 0) < settled
+        ]
+        drop = spare[: len(self._tokens) - MAX_TOKENS]
+        if len(self._tokens) - len(drop) > HARD_MAX_TOKENS:  # a flood: the oldest go
+            extra = len(self._tokens) - len(drop) - HARD_MAX_TOKENS
+            kept = [t for t in self._tokens if t not in set(drop) and not self._in_use[t]]
+            drop += kept[:extra]
+        gone = set(drop)
+        for old in drop:
+            del self._tokens[old]
+            self._issued.pop(old, None)
+        if gone:
+            self._by_driver = {d: t for d, t in self._by_driver.items() if t not in gone}
 
     def close(self) -> None:
         with self._lock:
@@ -168,9 +207,10 @@ class LaneServer:
 
     # -- one connection -------------------------------------------------------------------------
 
-    def _open(self, conn: socket.socket) -> tuple[Any, int | None, bool]:
-        """TLS first on a TLS cluster, then the token: the connection to use, the driver's
-        process id to copy from (or ``None``) and whether to leave frames in place."""
+    def _open(self, conn: socket.socket) -> tuple[Any, bytes, int | None, bool]:
+        """TLS first on a TLS cluster, then the token: the connection to use, the token's
+        id, the driver's process id to copy from (or ``None``) and whether to leave
+        frames in place."""
         try:
             conn.settimeout(CONNECT_TIMEOUT_S)
             link: Any = conn if self._tls is None else TLSChannel(conn, self._tls, server_side=True)
@@ -206,12 +246,15 @@ class LaneServer:
                 self._deadlines[raw] = time.monotonic() + self._stall_s
 
         conn: Any = raw
+        token_id = b""
         try:
             try:
-                conn, pull_from, leave_in_place = self._open(raw)
+                conn, token_id, pull_from, leave_in_place = self._open(raw)
             except (LaneRefused, OSError, ValueError) as exc:
                 self._refuse(raw, peer, f"it did not open the lane properly ({exc})")
                 return
+            with self._lock:
+                self._in_use[token_id] += 1
             conn.settimeout(None)
             nodelay(conn)
             bound_sends(conn, self._stall_s)
@@ -239,6 +282,11 @@ class LaneServer:
         except Exception as exc:  # anything else a peer's bytes caused
             self._refuse(raw, peer, f"unreadable message ({exc!r})")
         finally:
+            if token_id:
+                with self._lock:
+                    self._in_use[token_id] -= 1
+                    if not self._in_use[token_id]:
+                        del self._in_use[token_id]
             self._forget(raw)
             with contextlib.suppress(OSError):
                 raw.close()
