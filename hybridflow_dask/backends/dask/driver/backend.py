@@ -14,22 +14,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import collections
-import concurrent.futures
 import contextlib
-import copy
 import logging
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
-from typing import Any, cast
+from typing import Any
 
 import dask
-from dask.sizeof import sizeof
 from distributed import Client, Future
 
-from ....errors import CallTimeoutError
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import (
@@ -46,7 +42,7 @@ from ..config import (
     unreachable_timeout,
 )
 from ..config import device_transfer as config_device_transfer
-from ..internals import future_state, published_value, wait_all, worker_id_of
+from ..internals import published_value, worker_id_of
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..wire import (
@@ -68,27 +64,23 @@ from .call_path import CallPath
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
-from .direct_path import DEATH_WAIT_S, DirectPath, ReplyFuture
+from .direct_path import DirectPath, ReplyFuture
+from .gather import Gathering, wait_some
 from .liveness import Liveness, TopicFanOut, dead_address, futures_in
 from .placement import WorkerInfo, assign_slots
 from .reachability import CONNECT_S, PROBE_S, Reachability
 from .task_path import TaskPath
-from .timeouts import timed_out
 
 __all__ = ["DaskBackend"]
 
 logger = logging.getLogger(__name__)
 
-#: How often a waiting ``gather`` looks for dead workers.
-POLL_S = 0.1
 #: How long a worker reported dead while the scheduler still lists it may take to answer.
 DEATH_CHECK_S = 1.0
 #: How long ``replace`` waits for a worker to take a dead one's place.
 REPLACE_WAIT_S = 60
 #: How long a released worker may take to come back as a fresh process.
 RESTART_WAIT_S = 60
-#: How long a call waits before the driver starts probing its worker's host.
-WATCH_AFTER_S = 1.0
 #: How long the driver keeps trying to reach a worker it found unreachable, to replace it.
 REJOIN_WAIT_S = 600
 #: How long ``replace`` waits for a worker on the dead slot's host before it takes a free
@@ -97,8 +89,6 @@ REJOIN_WAIT_S = 600
 SAME_HOST_WAIT_S = 5.0
 #: How long ``shutdown`` waits for groups' instances to be dropped.
 SHUTDOWN_WAIT_S = 5
-#: Marks a result that ``gather`` must fetch from its worker.
-_FETCH: Any = object()
 
 
 class DaskBackend:
@@ -198,6 +188,14 @@ class DaskBackend:
             else None
         )
         self._path: CallPath = self._direct or self._tasks
+        self._gathering = Gathering(
+            self.client,
+            self._live,
+            self._path,
+            self.driver_bytes,
+            lambda: self._check_open("gather results"),
+            self._check_reachable,
+        )
         self.client.register_plugin(InstancesPlugin(), name=PLUGIN_NAME)
         with dask.config.set(_owned_settings() if self._owned_cluster is not None else {}):
             register_group_monitor(self.client)  # the /hybridflow page on the dashboard
@@ -464,92 +462,13 @@ class DaskBackend:
         """
         self._check_open("gather results")
         try:
-            return self._gather(list(futures))
+            return self._gathering.gather(list(futures))
         except Exception as exc:
             if self._closed:
                 raise self._closed_error("gather results") from exc
             if self.client.status != "running":  # what broke was the scheduler
                 self._check_scheduler()  # raises SchedulerLostError unless it came back
             raise
-
-    def _gather(self, futures: list[Any]) -> list[Any]:
-        limit = call_timeout()
-        start = time.monotonic()
-        while pending := [f for f in futures[: self._first_failed(futures)] if _is_pending(f)]:
-            _wait_some(self.client, pending, POLL_S)
-            self._check_open("gather results")
-            pending = [f for f in pending if not f.done()]
-            self._live.raise_if_lost(pending)
-            if pending and time.monotonic() - start > WATCH_AFTER_S:
-                self._check_reachable(pending)
-            if pending and self._out_of_time(pending, start, limit):
-                raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
-        for f in futures:  # the first failure, in rank order, as Dask's gather raises it
-            if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
-                raise _detached(cast(BaseException, f.exception()))  # checked just above
-            if isinstance(f, Future) and f.status == "error":
-                state = future_state(f)
-                raise _detached(state.exception).with_traceback(state.traceback)
-            if isinstance(f, Future) and f.status == "cancelled":
-                lost = self._live.lost(f)  # cancelled because its input died with a worker
-                if lost is not None:
-                    raise lost
-        values = [self._at_hand(f) for f in futures]
-        remote = [f for f, v in zip(futures, values) if v is _FETCH]
-        on_lanes = self._path.fetch(remote) if remote else {}
-        rest = [f for f in remote if f.key not in on_lanes]
-        fetched = dict(on_lanes)
-        if rest:
-            fetched.update(zip((f.key for f in rest), self._gather_from_dask(rest)))
-        values = [fetched[f.key] if v is _FETCH else v for f, v in zip(futures, values)]
-        self.driver_bytes["gathered"] += sum(
-            sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
-        )
-        return values
-
-    def _out_of_time(self, pending: list[Any], start: float, limit: float | None) -> bool:
-        """Whether a wait for ``pending`` passed its limit: the deadline their calls were
-        made with, else ``limit`` seconds from ``start`` (futures that are not calls)."""
-        deadline = self._live.deadline(pending)
-        if deadline is not None:
-            return time.time() >= deadline
-        return limit is not None and time.monotonic() - start > limit
-
-    def _gather_from_dask(self, futures: list[Future]) -> list[Any]:
-        """Dask's gather, watched: a result lost with its worker meanwhile is a
-        ``WorkerLostError`` naming the rank, not Dask's cancellation or a wait for a
-        worker that never comes back (a pinned task's result is recomputed only there)."""
-        self._live.raise_if_lost(futures)
-        limit = call_timeout()
-        give_up = None if limit is None else time.monotonic() + limit
-        coroutine = self.client.gather(futures, direct=True, asynchronous=True)
-        running = asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
-        try:
-            while True:
-                try:
-                    return running.result(POLL_S)
-                except concurrent.futures.TimeoutError:
-                    self._check_open("gather results")
-                    if give_up is not None and time.monotonic() > give_up:
-                        raise CallTimeoutError(
-                            f"fetching {len(futures)} result(s) ({_label(futures[0])}, ...) "
-                            f"took longer than hybridflow.call-timeout={limit:g}s: is the "
-                            "worker holding them stopped or hung?"
-                        ) from None
-                    lost = self._live.first_lost(futures)
-                    if lost is not None:
-                        raise lost from None
-        except concurrent.futures.CancelledError as exc:
-            # The scheduler cancels a dead worker's keys; its word on the death itself
-            # (which names the rank) follows within milliseconds.
-            deadline = time.monotonic() + DEATH_WAIT_S
-            while (lost := self._live.first_lost(futures)) is None:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.01)
-            raise lost from exc
-        finally:
-            running.cancel()  # (a no-op once it is done)
 
     def _check_reachable(self, pending: Sequence[Any]) -> None:
         """Probe the hosts of the calls still pending (and the scheduler's): a worker no
@@ -622,23 +541,6 @@ class DaskBackend:
                 return
             except Exception:  # not reachable after all, or the client is closing
                 logger.debug("worker %s not back yet", address, exc_info=True)
-
-    def _first_failed(self, futures: Sequence[Any]) -> int:
-        """How many of ``futures`` to wait for: those before the first known to have
-        failed (none when a worker was lost: that fails the wait at once), else all."""
-        for i, f in enumerate(futures):
-            if _is_pending_kind(f) and f.done() and f.status in ("error", "cancelled"):
-                lost = f.status == "cancelled" or isinstance(_error_of(f), WorkerLostError)
-                return 0 if lost else i
-        return len(futures)
-
-    def _at_hand(self, f: Any) -> Any:
-        """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
-        if isinstance(f, ReplyFuture):
-            return f.result()
-        if isinstance(f, Future):
-            return self._path.plain_result(f, _FETCH)
-        return f
 
     def future_problem(self, obj: Any) -> str | None:
         """Why ``obj``, a Dask future, can no longer be an argument: its client closed."""
@@ -714,7 +616,7 @@ class DaskBackend:
             # Let groups shut down just before finish dropping their instances, so the
             # cluster does not close under them.
             pending = [f for f in self._destroying if not f.done()]
-            _wait_some(self.client, pending, SHUTDOWN_WAIT_S)
+            wait_some(self.client, pending, SHUTDOWN_WAIT_S)
         if self._owns_client:
             self.client.close()
         if self._owned_cluster is not None:
@@ -883,35 +785,6 @@ class DaskBackend:
         return self.choice is not None and self.choice.kind == "LocalCluster"
 
 
-def _error_of(f: Any) -> BaseException | None:
-    """The error of a failed future of either kind."""
-    return f.exception() if isinstance(f, ReplyFuture) else future_state(f).exception
-
-
-def _is_pending_kind(obj: Any) -> bool:
-    return isinstance(obj, (Future, ReplyFuture))
-
-
-def _is_pending(obj: Any) -> bool:
-    return _is_pending_kind(obj) and not obj.done()
-
-
-def _wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
-    """Wait up to ``timeout`` for Dask futures and reply futures alike."""
-    if not futures:
-        return
-    deadline = time.monotonic() + timeout
-    remote = [f for f in futures if isinstance(f, Future)]
-    replies = [f for f in futures if isinstance(f, ReplyFuture)]
-    if remote:
-        client.sync(wait_all, remote, timeout)
-    left = deadline - time.monotonic()
-    if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
-        concurrent.futures.wait(
-            replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
-        )
-
-
 def _for_worker(values: Any) -> Any:
     """Arguments as a rank receives them: a ``DataProtoFuture`` resolves through the worker."""
 
@@ -929,17 +802,6 @@ def _shutdown_at_exit(ref: weakref.ref) -> None:
     backend = ref()
     if backend is not None:
         backend.shutdown()
-
-
-def _detached(exc: BaseException) -> BaseException:
-    """A copy of a stored error to raise: raising the stored one would tie this call's
-    frames (and the futures they hold) to the client's record of the future forever."""
-    try:
-        clone = copy.copy(exc)
-    except Exception:  # an exception that cannot be copied: raise it as it is
-        return exc
-    clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
-    return clone
 
 
 def _label(future: Any) -> str:

@@ -1,0 +1,202 @@
+"""Gathering results in the driver: wait (bounded, watching liveness), then fetch.
+
+One flow for every kind of future the backend hands out (a ``distributed.Future`` kept on
+a worker, a ``ReplyFuture`` of a blocking call): the first failure in rank order is
+raised once the ones before it are done, a lost worker fails the wait at once, a call's
+deadline (``hybridflow.call-timeout`` when it was made) ends the wait with
+``CallTimeoutError``, and finished results are fetched on the call path's lanes where it
+has them, through Dask's gather otherwise.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import copy
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, cast
+
+from dask.sizeof import sizeof
+from distributed import Client, Future
+
+from ....errors import CallTimeoutError
+from ...base import WorkerLostError
+from ..config import call_timeout
+from ..internals import future_state, wait_all
+from .call_path import CallPath
+from .direct_path import DEATH_WAIT_S, ReplyFuture
+from .liveness import Liveness
+from .timeouts import timed_out
+
+__all__ = ["Gathering", "wait_some"]
+
+#: How often a wait looks at liveness and the clock.
+POLL_S = 0.1
+#: How long a wait goes before the driver starts probing its workers' hosts.
+WATCH_AFTER_S = 1.0
+#: Marks a result that must be fetched from its worker.
+_FETCH: Any = object()
+
+
+class Gathering:
+    """The backend's waits for results; ``check_open`` raises once the backend closed,
+    ``check_reachable`` probes the hosts of calls that take long (a cut link)."""
+
+    def __init__(
+        self,
+        client: Client,
+        live: Liveness,
+        path: CallPath,
+        counts: dict[str, int],
+        check_open: Callable[[], None],
+        check_reachable: Callable[[Sequence[Any]], None],
+    ) -> None:
+        self.client = client
+        self._live = live
+        self._path = path
+        self._counts = counts
+        self._check_open = check_open
+        self._check_reachable = check_reachable
+
+    def gather(self, futures: list[Any]) -> list[Any]:
+        """Wait for all, failing early on an error or a lost worker, then fetch (on the
+        lanes where the path has them, else through Dask)."""
+        limit = call_timeout()
+        start = time.monotonic()
+        while pending := [f for f in futures[: self._first_failed(futures)] if _is_pending(f)]:
+            wait_some(self.client, pending, POLL_S)
+            self._check_open()
+            pending = [f for f in pending if not f.done()]
+            self._live.raise_if_lost(pending)
+            if pending and time.monotonic() - start > WATCH_AFTER_S:
+                self._check_reachable(pending)
+            if pending and self._out_of_time(pending, start, limit):
+                raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
+        for f in futures:  # the first failure, in rank order, as Dask's gather raises it
+            if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
+                raise _detached(cast(BaseException, f.exception()))  # checked just above
+            if isinstance(f, Future) and f.status == "error":
+                state = future_state(f)
+                raise _detached(state.exception).with_traceback(state.traceback)
+            if isinstance(f, Future) and f.status == "cancelled":
+                lost = self._live.lost(f)  # cancelled because its input died with a worker
+                if lost is not None:
+                    raise lost
+        values = [self._at_hand(f) for f in futures]
+        remote = [f for f, v in zip(futures, values) if v is _FETCH]
+        on_lanes = self._path.fetch(remote) if remote else {}
+        rest = [f for f in remote if f.key not in on_lanes]
+        fetched = dict(on_lanes)
+        if rest:
+            fetched.update(zip((f.key for f in rest), self._gather_from_dask(rest)))
+        values = [fetched[f.key] if v is _FETCH else v for f, v in zip(futures, values)]
+        self._counts["gathered"] += sum(
+            sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
+        )
+        return values
+
+    def _out_of_time(self, pending: list[Any], start: float, limit: float | None) -> bool:
+        """Whether a wait for ``pending`` passed its limit: the deadline their calls were
+        made with, else ``limit`` seconds from ``start`` (futures that are not calls)."""
+        deadline = self._live.deadline(pending)
+        if deadline is not None:
+            return time.time() >= deadline
+        return limit is not None and time.monotonic() - start > limit
+
+    def _gather_from_dask(self, futures: list[Future]) -> list[Any]:
+        """Dask's gather, watched: a result lost with its worker meanwhile is a
+        ``WorkerLostError`` naming the rank, not Dask's cancellation or a wait for a
+        worker that never comes back (a pinned task's result is recomputed only there)."""
+        self._live.raise_if_lost(futures)
+        limit = call_timeout()
+        give_up = None if limit is None else time.monotonic() + limit
+        coroutine = self.client.gather(futures, direct=True, asynchronous=True)
+        running = asyncio.run_coroutine_threadsafe(coroutine, self.client.loop.asyncio_loop)
+        try:
+            while True:
+                try:
+                    return running.result(POLL_S)
+                except concurrent.futures.TimeoutError:
+                    self._check_open()
+                    if give_up is not None and time.monotonic() > give_up:
+                        raise CallTimeoutError(
+                            f"fetching {len(futures)} result(s) ({_label(futures[0])}, ...) "
+                            f"took longer than hybridflow.call-timeout={limit:g}s: is the "
+                            "worker holding them stopped or hung?"
+                        ) from None
+                    lost = self._live.first_lost(futures)
+                    if lost is not None:
+                        raise lost from None
+        except concurrent.futures.CancelledError as exc:
+            # The scheduler cancels a dead worker's keys; its word on the death itself
+            # (which names the rank) follows within milliseconds.
+            deadline = time.monotonic() + DEATH_WAIT_S
+            while (lost := self._live.first_lost(futures)) is None:
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(0.01)
+            raise lost from exc
+        finally:
+            running.cancel()  # (a no-op once it is done)
+
+    def _first_failed(self, futures: Sequence[Any]) -> int:
+        """How many of ``futures`` to wait for: those before the first known to have
+        failed (none when a worker was lost: that fails the wait at once), else all."""
+        for i, f in enumerate(futures):
+            if _is_pending_kind(f) and f.done() and f.status in ("error", "cancelled"):
+                lost = f.status == "cancelled" or isinstance(_error_of(f), WorkerLostError)
+                return 0 if lost else i
+        return len(futures)
+
+    def _at_hand(self, f: Any) -> Any:
+        """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
+        if isinstance(f, ReplyFuture):
+            return f.result()
+        if isinstance(f, Future):
+            return self._path.plain_result(f, _FETCH)
+        return f
+
+
+def _error_of(f: Any) -> BaseException | None:
+    """The error of a failed future of either kind."""
+    return f.exception() if isinstance(f, ReplyFuture) else future_state(f).exception
+
+
+def _is_pending_kind(obj: Any) -> bool:
+    return isinstance(obj, (Future, ReplyFuture))
+
+
+def _is_pending(obj: Any) -> bool:
+    return _is_pending_kind(obj) and not obj.done()
+
+
+def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
+    """Wait up to ``timeout`` for Dask futures and reply futures alike."""
+    if not futures:
+        return
+    deadline = time.monotonic() + timeout
+    remote = [f for f in futures if isinstance(f, Future)]
+    replies = [f for f in futures if isinstance(f, ReplyFuture)]
+    if remote:
+        client.sync(wait_all, remote, timeout)
+    left = deadline - time.monotonic()
+    if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
+        concurrent.futures.wait(
+            replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
+        )
+
+
+def _detached(exc: BaseException) -> BaseException:
+    """A copy of a stored error to raise: raising the stored one would tie this call's
+    frames (and the futures they hold) to the client's record of the future forever."""
+    try:
+        clone = copy.copy(exc)
+    except Exception:  # an exception that cannot be copied: raise it as it is
+        return exc
+    clone.__cause__, clone.__context__ = exc.__cause__, exc.__context__
+    return clone
+
+
+def _label(future: Any) -> str:
+    return str(future.key).rsplit("-", 1)[0]
