@@ -46,7 +46,7 @@ from ..internals import (
     published_datasets,
     record_finished_task,
 )
-from ..wire.keys import CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
+from ..wire.keys import CALL_PHASES, CALL_STAMPS, CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
     EventLog,
@@ -169,12 +169,7 @@ class GroupMonitor(SchedulerPlugin):
             return  # a group already shut down (or never published): like a task's call
         self.inflight.done(call["worker"], call["key"])
         name, error = call["method"], call["error"]
-        phases = {
-            "inputs": call["inputs"] - call["received"],
-            "queue": call["start"] - call["inputs"],
-            "run": call["stop"] - call["start"],
-            "reply": call["replied"] - call["stop"],
-        }
+        phases = {name: call[end] - call[begin] for name, (begin, end) in CALL_PHASES.items()}
         where = (call["group"], method_name(name), is_internal(name))
         self.stats.finished(*where, phases, error, rank=call["rank"], when=now)
         if error is not None:
@@ -316,10 +311,11 @@ def _direct_call(msg: Any) -> dict[str, Any] | None:
     if not isinstance(msg, dict):
         return None
     try:
-        start, stop = float(msg["start"]), float(msg["stop"])
-        received = float(msg.get("received", start))
-        inputs = float(msg.get("inputs", received))
-        replied = float(msg.get("replied", stop))
+        float(msg["stop"])  # (start and stop are required)
+        stamps: dict[str, float] = {}
+        last = float(msg["start"])  # before the first stamp: the first takes start's time
+        for name in CALL_STAMPS:
+            last = stamps[name] = float(msg.get(name, last))
         call = {
             "key": str(msg["key"]),
             "group": str(msg["group"]),
@@ -327,20 +323,15 @@ def _direct_call(msg: Any) -> dict[str, Any] | None:
             "rank": msg.get("rank"),
             "worker": str(msg["worker"]),
             "path": str(msg.get("path", "direct")),
-            "received": received,
-            "inputs": inputs,
-            "start": start,
-            "stop": stop,
-            "replied": replied,
+            **stamps,
             "status": str(msg.get("status", "OK")),
             "nbytes": int(msg.get("nbytes") or 0),
             "error": _error(msg.get("error")) if msg.get("status", "OK") != "OK" else None,
         }
     except (KeyError, TypeError, ValueError):
         return None
-    if not received <= inputs <= start <= stop <= replied:
-        return None
-    return call
+    times = [stamps[name] for name in CALL_STAMPS]
+    return call if times == sorted(times) else None
 
 
 def _error(detail: Any) -> dict[str, str]:

@@ -22,6 +22,7 @@ import jinja2
 import markupsafe
 
 from ...base import InstanceRef
+from ..wire.keys import CALL_PHASES
 
 __all__ = [
     "PHASES",
@@ -43,7 +44,7 @@ __all__ = [
 #: How many recent durations each (group, method) keeps for its percentiles, per phase.
 WINDOW = 1000
 #: The phases of a call, in the order they happen on the worker.
-PHASES = ("inputs", "queue", "run", "reply")
+PHASES = tuple(CALL_PHASES)
 #: How many recent events (errors, deaths, lost calls, recoveries) the page keeps.
 EVENTS_KEPT = 500
 #: A running call is a straggler once it has run this many times its method's median ...
@@ -386,8 +387,8 @@ _TEMPLATE = """\
 {% if methods %}
 <table><tr><th>method</th><th class="num">calls</th><th class="num">errors</th>
 <th class="num">running</th><th class="num">run p50</th><th class="num">run p90</th>
-{% if split %}<th class="num">queue</th><th class="num">inputs</th>
-<th class="num">reply</th>{% endif %}</tr>
+{% if split %}{% for phase in split_phases %}<th class="num">{{ phase }}</th>{% endfor %}
+{% endif %}</tr>
 {% for name, s in methods.items() %}
 <tr><td class="mono">{{ name }}</td><td class="num">{{ s["calls"] }}</td>
 <td class="num">
@@ -395,11 +396,11 @@ _TEMPLATE = """\
 </td><td class="num">
 {%- if s["running"] %}<span class="run">{{ s["running"] }}</span>{% else %}0{% endif -%}
 </td><td class="num">{{ ms(s["p50_ms"]) }}</td><td class="num">{{ ms(s["p90_ms"]) }}</td>
-{% if split %}<td class="num">{{ ms(s["split_p50_ms"]["queue"]) }}</td>
-<td class="num">{{ ms(s["split_p50_ms"]["inputs"]) }}</td>
-<td class="num">{{ ms(s["split_p50_ms"]["reply"]) }}</td>{% endif %}</tr>
+{% if split %}{% for phase in split_phases %}
+<td class="num">{{ ms(s["split_p50_ms"][phase]) }}</td>{% endfor %}{% endif %}</tr>
 {% if s["last_error"] %}{% set e = s["last_error"] %}
-<tr class="lasterr"><td colspan="{{ 9 if split else 6 }}">last error (rank {{ e["rank"] }},
+{% set columns = 6 + split_phases|length if split else 6 %}
+<tr class="lasterr"><td colspan="{{ columns }}">last error (rank {{ e["rank"] }},
 {{ e["time"]|clock }}): {{ e["type"] }}: {{ e["message"]|truncate(300) }}</td></tr>
 {% endif %}
 {% endfor %}
@@ -521,6 +522,7 @@ def render_html(
         json_url=json_url,
         info_url=info_url,
         refresh_s=int(refresh_s),
+        split_phases=[phase for phase in PHASES if phase != "run"],
         style=markupsafe.Markup(_STYLE),
     )
 

@@ -15,7 +15,16 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["CALL_TOPIC", "EVENT_TOPIC", "GROUP_DATASET", "InputKey", "swap_inputs", "task_key"]
+__all__ = [
+    "CALL_PHASES",
+    "CALL_STAMPS",
+    "CALL_TOPIC",
+    "EVENT_TOPIC",
+    "GROUP_DATASET",
+    "InputKey",
+    "swap_inputs",
+    "task_key",
+]
 
 #: Prefix of the published datasets that list each group's instances (the backend writes them).
 GROUP_DATASET = "hybridflow-group-"
@@ -26,6 +35,19 @@ GROUP_DATASET = "hybridflow-group-"
 #: "traceback"}``) and ``{"pending": [...]}`` for calls still pending (``"state"``, ``"age"``
 #: and ``"running_for"`` in seconds).
 CALL_TOPIC = "hybridflow-call"
+#: A call's time stamps on its worker (``time.time()``), in the order they happen: its
+#: record (``worker.call_log``) has one attribute each, its event carries them by name, a
+#: stamp left out takes its neighbour's time. A new stamp is a name here and the line
+#: that sets it where it happens; the dashboard picks it up through ``CALL_PHASES``.
+CALL_STAMPS = ("received", "inputs", "start", "stop", "replied")
+#: What the dashboard shows of a call: each phase from one stamp to another, in column
+#: order (``run``, the method itself, is shown apart, as percentiles).
+CALL_PHASES = {
+    "queue": ("inputs", "start"),
+    "inputs": ("received", "inputs"),
+    "reply": ("stop", "replied"),
+    "run": ("start", "stop"),
+}
 #: Event topic of what a driver saw happen: ``{"kind": "lost" | "recovered", "group",
 #: "rank", "worker", "message", ...}``.
 EVENT_TOPIC = "hybridflow-event"

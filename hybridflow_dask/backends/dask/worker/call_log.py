@@ -26,7 +26,7 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 from ...base import InstanceRef
-from ..wire.keys import CALL_TOPIC
+from ..wire.keys import CALL_STAMPS, CALL_TOPIC
 
 __all__ = ["CallLog", "CallRecord", "error_detail"]
 
@@ -44,14 +44,17 @@ MESSAGE_CHARS = 2_000
 class CallRecord:
     """One call's phase times (``time.time()``), filled in as it goes."""
 
-    __slots__ = ("inputs", "key", "method", "path", "received", "ref", "start", "stop", "told")
+    __slots__ = ("key", "method", "path", "ref", "told", *CALL_STAMPS)
 
     def __init__(self, ref: InstanceRef, key: str, method: str, path: str) -> None:
         self.ref, self.key, self.method, self.path = ref, key, method, path
-        self.received = time.time()
+        for stamp in CALL_STAMPS:
+            setattr(self, stamp, None)
+        self.received: float = time.time()
         self.inputs: float | None = None
         self.start: float | None = None
         self.stop: float | None = None
+        self.replied: float | None = None
         self.told = ""  # the pending state last reported to the scheduler
 
     def state(self) -> str:
@@ -84,17 +87,13 @@ class CallLog:
     def end(self, record: CallRecord, error: BaseException | None = None, nbytes: int = 0) -> None:
         """The call was answered (or its result kept): queue its record for the scheduler."""
         entry = self._entry(record)
-        received, inputs = record.received, record.inputs or record.received
-        entry.update(
-            received=received,
-            inputs=inputs,
-            # A call that never ran (refused, or its inputs failed) spans no run time.
-            start=record.start or inputs,
-            stop=record.stop or record.start or inputs,
-            replied=time.time(),
-            status="OK" if error is None else "error",
-            nbytes=nbytes,
-        )
+        record.replied = time.time()
+        # Stamps a call never reached (refused, or its inputs failed) take the time of the
+        # one before: a call that never ran spans no run time.
+        last = record.received
+        for stamp in CALL_STAMPS:
+            last = entry[stamp] = getattr(record, stamp) or last
+        entry.update(status="OK" if error is None else "error", nbytes=nbytes)
         if error is not None:
             entry["error"] = error_detail(error)
         with self._lock:
