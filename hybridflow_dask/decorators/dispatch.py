@@ -339,7 +339,8 @@ def _split_data(
             f"DataProto arguments of one call must have the same length ({detail}); "
             "pass batches whose row i belongs together, one row per sample in each"
         )
-    split = [_split_one(name, value, n, slots) for name, value in named]
+    consumer = getattr(worker_group, "name_prefix", None)  # routing shows under the consumer
+    split = [_split_one(name, value, n, slots, consumer) for name, value in named]
     if len(split) > 1 and any(s.rows is None for s in split):
         _check_rows_on_workers(split, slots)
     chunks = [s.chunks for s in split]
@@ -383,9 +384,9 @@ def _checked_rows(name: str, value: Any, n: int) -> int:
     return rows
 
 
-def _split_one(name: str, value: Any, n: int, slots: list) -> _Split:
+def _split_one(name: str, value: Any, n: int, slots: list, consumer: str | None) -> _Split:
     if isinstance(value, DataProtoFuture):
-        chunks, pad = value.route(n, slots)
+        chunks, pad = value.route(n, slots, consumer=consumer)
         # One single-part future per rank: materialized where the call runs, or handed
         # to the rank as is for methods registered with materialize_futures=False.
         futures = [

@@ -108,9 +108,17 @@ class DataProtoFuture:
         ]
 
     def route(
-        self, n: int, slots: Sequence[Any] | None = None, *, padded: bool = True
+        self,
+        n: int,
+        slots: Sequence[Any] | None = None,
+        *,
+        padded: bool = True,
+        consumer: str | None = None,
     ) -> tuple[list[Any], Any]:
         """One future per consumer rank, plus the pad the consumers' output must drop.
+
+        ``consumer`` (the group whose call needs the rows) names the routing tasks, so
+        they show under that group wherever work is shown (its producer's otherwise).
 
         With ``padded`` every consumer gets ``ceil(rows / n)`` rows (the tail padded with
         copies of the last row, as dispatch pads a DataProto). When ``n`` equals
@@ -122,10 +130,11 @@ class DataProtoFuture:
         if n == len(self.parts) and (padded or _is_zero(self.pad)):
             return list(self.parts), self.pad
         targets = _targets(self, n, slots)
+        task = consumer or self.label
         part_slots = self.slots or [None] * len(self.parts)
         submit = self.runner.submit
         lens = [
-            submit(row_count, part, slot=slot, label=f"{self.label}.rows")
+            submit(row_count, part, slot=slot, label=f"{task}.rows")
             for part, slot in zip(self.parts, part_slots)
         ]
         routed = []
@@ -142,11 +151,11 @@ class DataProtoFuture:
                     self.label,
                     *lens,
                     slot=slot,
-                    label=f"{self.label}.route",
+                    label=f"{task}.route",
                 )
                 for i, (part, slot) in enumerate(zip(self.parts, part_slots))
             ]
-            routed.append(submit(assemble, *pieces, slot=target, label=f"{self.label}.assemble"))
+            routed.append(submit(assemble, *pieces, slot=target, label=f"{task}.assemble"))
         new_pad = (
             submit(
                 pad_after_split,
@@ -156,7 +165,7 @@ class DataProtoFuture:
                 self.label,
                 *lens,
                 slot=targets[0],
-                label=f"{self.label}.rows",
+                label=f"{task}.rows",
             )
             if padded
             else 0

@@ -119,3 +119,19 @@ def test_share_colocated_inputs_hands_over_the_very_tensors(hf_dask_cluster):
         producer.shutdown()
     finally:
         backend.shutdown()
+
+
+@pytest.mark.cluster
+def test_the_routing_tasks_of_a_chain_are_named_after_the_consumer_group(wide_backend):
+    a = hf.WorkerGroup(hf.ResourcePool([2]), hf.ClassWithInitArgs(Stage, 1.0), backend=wide_backend)
+    b = hf.WorkerGroup(hf.ResourcePool([3]), hf.ClassWithInitArgs(Stage, 2.0), backend=wide_backend)
+    out = hf.get(b.forward(a.forward(batch(7))))
+    assert len(out) == 7
+    prefixes = wide_backend.client.run_on_scheduler(
+        lambda dask_scheduler: sorted(dask_scheduler.task_prefixes)
+    )
+    consumer, producer = b.name_prefix.replace("-", "_"), a.name_prefix.replace("-", "_")
+    routing = [p for p in prefixes if p.rsplit(".", 1)[-1] in ("rows", "route", "assemble")]
+    assert any(p.startswith(f"{consumer}.") for p in routing), (routing, consumer)
+    assert not any(p.startswith(f"{producer}.") for p in routing), (routing, producer)
+    a.shutdown(), b.shutdown()
