@@ -102,7 +102,7 @@ def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_dea
 def plain_cluster():
     """An attached cluster with Dask's defaults (no no-workers timeout)."""
     cluster = LocalCluster(
-        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=None
+        n_workers=2, threads_per_worker=1, processes=True, host="127.0.0.1", dashboard_address=":0"
     )
     yield cluster
     cluster.close()
@@ -193,7 +193,7 @@ class EnvReader(hf.Worker):
 def two_thread_worker():
     """One worker process with two task threads, shared by the paths (the test only reads)."""
     cluster = LocalCluster(
-        n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=None
+        n_workers=1, threads_per_worker=2, processes=True, host="127.0.0.1", dashboard_address=":0"
     )
     yield cluster
     cluster.close()
