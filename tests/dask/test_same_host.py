@@ -60,6 +60,28 @@ def test_a_large_frame_stays_in_the_senders_memory_and_the_reader_copies_it():
     assert got_large.data_ptr() != large.data_ptr()  # a copy, not the sender's memory
 
 
+def test_a_call_past_its_deadline_is_read_without_touching_the_senders_memory():
+    import time
+
+    large = torch.arange(2 * MiB // 4, dtype=torch.float32)
+    chunks: list = []
+    late = {**_message(large), "deadline": time.time() - 1.0}  # its driver has given up
+    write_message(chunks.append, late, leave_in_place=True)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"".join(bytes(c) for c in chunks))
+        msg, copied = read_message(b.makefile("rb"), pull_from=os.getpid())
+    assert not copied and msg["args"].frames == [None]  # nothing read from the sender
+    on_time = {**_message(large), "deadline": time.time() + 60.0}
+    chunks.clear()
+    write_message(chunks.append, on_time, leave_in_place=True)
+    a, b = socket.socketpair()
+    with a, b:
+        a.sendall(b"".join(bytes(c) for c in chunks))
+        msg, copied = read_message(b.makefile("rb"), pull_from=os.getpid())
+    assert copied and torch.equal(unpack(msg["args"])[0], large)
+
+
 def test_without_leave_in_place_every_byte_is_written():
     large = torch.ones(2 * MiB // 4)
     chunks: list = []

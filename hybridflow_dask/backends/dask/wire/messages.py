@@ -14,6 +14,7 @@ from __future__ import annotations
 import logging
 import pickle
 import struct
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol, cast
@@ -232,13 +233,19 @@ def read_message(
     declared = sum(v.count for v in msg.values() if isinstance(v, Framed))
     if declared != count:
         raise ProtocolError(f"a message carries {count} frames but its values name {declared}")
-    frames = []
+    frames: list[Any] = []
     copied = False
+    # A call whose deadline passed is refused unread: its sender has reported it failed
+    # and may have changed or freed the memory its frames were left in.
+    late = isinstance(msg.get("deadline"), float) and time.time() >= msg["deadline"]
     for length in lengths:
         if length & _LEFT:
             if pull_from is None:
                 raise ProtocolError("a frame was left in the sender's memory, which is not allowed")
             (address,) = _ADDRESS.unpack(_read(stream, _ADDRESS.size))
+            if late:
+                frames.append(None)
+                continue
             try:
                 frames.append(pull(pull_from, address, take(length & ~_LEFT)))
             except OSError as exc:
