@@ -72,21 +72,12 @@ class _Order:
         #: Numbers withdrawn by the driver (failed calls: few), so a late copy never runs.
         self.skipped: set[int] = set()
 
-    def pop_ready(self, now: float, refused: list) -> Any:
-        """The next call to run, if its turn came; calls whose deadline passed on the way
-        are withdrawn (into ``refused``, failed by the caller outside the lock)."""
+    def pop_ready(self) -> Any:
         while self.next in self.waiting:
-            seq = self.next
-            entry = self.waiting.pop(seq)
+            entry = self.waiting.pop(self.next)
             self.next += 1
-            if entry is _SKIP:
-                continue
-            deadline = entry[2]
-            if deadline is not None and now >= deadline:
-                self.skipped.add(seq)
-                refused.append((entry[1], seq))
-                continue
-            return entry
+            if entry is not _SKIP:
+                return entry
         return None
 
 
@@ -177,15 +168,10 @@ class Actor:
         if self._enter is not None:
             self._enter(self)
         while True:
-            refused: list = []
             with self._cond:
-                entry = self._cond.wait_for(lambda r=refused: self._next_job(r))  # type: ignore[misc]
-            for late, seq in refused:
-                late.set_exception(self._late(seq))
+                entry = self._cond.wait_for(self._next_job)
             if entry is _CLOSE:
                 return
-            if entry is True:  # only refused calls: nothing to run
-                continue
             job, future, deadline, seq, order = entry
             if job is _CLOSE:
                 self._finish_close(future)
@@ -196,15 +182,14 @@ class Actor:
             # frame while the thread waits for the next one.
             entry = job = future = None
 
-    def _next_job(self, refused: list) -> Any:
+    def _next_job(self) -> Any:
         if self._closing:
             return _CLOSE
-        now = time.time()
         for order in self._orders.values():
-            entry = order.pop_ready(now, refused)
+            entry = order.pop_ready()
             if entry is not None:
                 return entry
-        return True if refused else None  # wake up to fail the refused ones
+        return None
 
     def _run(
         self,
@@ -217,6 +202,8 @@ class Actor:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
         try:
             with self._gate.use(self.env):  # waiting here for another environment is queue
+                # Checked last thing before the method starts: its turn may have come after
+                # its deadline, or the process may have been stopped meanwhile.
                 if deadline is not None and time.time() >= deadline:
                     with self._cond:  # so that a later withdrawal hears it did not run
                         order.skipped.add(seq)

@@ -15,6 +15,8 @@ import io
 import pickle
 from typing import Any, Protocol
 
+import cloudpickle
+
 __all__ = ["CopyPolicy", "PickleCopy"]
 
 _IMMUTABLE = (type(None), bool, int, float, complex, str, bytes)  # nothing to copy
@@ -32,9 +34,11 @@ class PickleCopy:
     """Copies through pickle, as a value crossing to another process would be.
 
     Pickle protocol 5 hands large buffers (numpy arrays) out of band; each is copied once
-    and the copy read back from it. A value pickle refuses could not reach another process
-    either: ``TypeError`` naming ``what``, so an in-process backend refuses what a remote
-    one refuses. A ``DataProtoFuture`` is a handle on results, not data: it stays itself.
+    and the copy read back from it. What plain pickle refuses (a lambda, a class defined
+    in a function) goes through cloudpickle, as Dask and Ray send it; a value neither can
+    pickle could not reach another process either: ``TypeError`` naming ``what``, so an
+    in-process backend refuses what a remote one refuses. A ``DataProtoFuture`` is a
+    handle on results, not data: it stays itself.
     """
 
     def copy(self, value: Any, what: str) -> Any:
@@ -43,30 +47,37 @@ class PickleCopy:
         from ...protocol.future import DataProtoFuture
 
         handles: list[Any] = []
-        buffers: list[pickle.PickleBuffer] = []
-        out = io.BytesIO()
-        pickler = pickle.Pickler(out, protocol=5, buffer_callback=buffers.append)
-        pickler.persistent_id = _keep(handles, DataProtoFuture)  # type: ignore[method-assign]
         try:
-            pickler.dump(value)
-        except Exception as exc:
-            raise TypeError(
-                f"{what} cannot be sent to a worker: {exc!r}; pass picklable values "
-                "(tensors, arrays, DataProto, plain Python objects)"
-            ) from exc
-        out.seek(0)
-        unpickler = pickle.Unpickler(out, buffers=[bytearray(b.raw()) for b in buffers])
+            data, buffers = _dump(value, pickle.Pickler, handles, DataProtoFuture)
+        except Exception:
+            handles.clear()
+            try:
+                data, buffers = _dump(value, cloudpickle.CloudPickler, handles, DataProtoFuture)
+            except Exception as exc:
+                raise TypeError(
+                    f"{what} cannot be sent to a worker: {exc!r}; pass picklable values "
+                    "(tensors, arrays, DataProto, plain Python objects)"
+                ) from exc
+        unpickler = pickle.Unpickler(io.BytesIO(data), buffers=buffers)
         unpickler.persistent_load = handles.__getitem__  # type: ignore[method-assign]
         return unpickler.load()
 
 
-def _keep(handles: list[Any], kind: type) -> Any:
-    """A ``persistent_id`` that passes objects of ``kind`` by reference."""
+def _dump(
+    value: Any, pickler_class: type[pickle.Pickler], handles: list[Any], kept: type
+) -> tuple[bytes, list[bytearray]]:
+    """``value`` pickled with ``pickler_class``, objects of type ``kept`` by reference
+    (into ``handles``), and copies of its out-of-band buffers."""
+    buffers: list[pickle.PickleBuffer] = []
+    out = io.BytesIO()
+    pickler = pickler_class(out, protocol=5, buffer_callback=buffers.append)
 
     def persistent_id(obj: Any) -> int | None:
-        if isinstance(obj, kind):
+        if isinstance(obj, kept):
             handles.append(obj)
             return len(handles) - 1
         return None
 
-    return persistent_id
+    pickler.persistent_id = persistent_id  # type: ignore[method-assign]
+    pickler.dump(value)
+    return out.getvalue(), [bytearray(b.raw()) for b in buffers]

@@ -194,9 +194,7 @@ class Instances:
         try:
             resolved = await resolve(call.args, call.kwargs)
         except BaseException as exc:
-            self.forget(ref.key)
-            self.log.end(record, exc)
-            raise sendable(exc) from None
+            raise self._unbuilt(ref, record, exc) from None
         await asyncio.wrap_future(self._build(actor, cls, call, record, resolved))
 
     def construct_now(
@@ -213,10 +211,8 @@ class Instances:
         try:
             resolved = resolve(call.args, call.kwargs)
         except BaseException as exc:
-            self.forget(ref.key)
-            self.log.end(record, exc)
             failed: concurrent.futures.Future = concurrent.futures.Future()
-            failed.set_exception(sendable(exc))
+            failed.set_exception(self._unbuilt(ref, record, exc))
             return failed
         return self._build(actor, cls, call, record, resolved)
 
@@ -230,9 +226,7 @@ class Instances:
         def finish(done: concurrent.futures.Future) -> None:
             error = done.exception()
             if error is not None:
-                self.forget(actor.ref.key)
-                self.log.end(record, error)
-                outcome.set_exception(sendable(error))
+                outcome.set_exception(self._unbuilt(actor.ref, record, error))
             else:
                 self.log.end(record)
                 outcome.set_result(None)
@@ -331,6 +325,12 @@ class Instances:
                 "hybridflow.call-timeout had passed (its driver reports it failed), so it "
                 "does not run and its arguments were not read"
             )
+
+    def _unbuilt(self, ref: InstanceRef, record: Any, exc: BaseException) -> BaseException:
+        """The instance could not be built: it is forgotten, and its error can travel."""
+        self.forget(ref.key)
+        self.log.end(record, exc)
+        return sendable(exc)
 
     def _refused(self, actor: Actor, call: Call, record: Any, exc: BaseException) -> BaseException:
         """The call will never run: its turn passes, so later calls go ahead."""

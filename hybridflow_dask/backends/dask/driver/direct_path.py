@@ -244,14 +244,17 @@ class DirectPath:
         return future
 
     def skip(self, ref: InstanceRef, seq: int) -> None:
-        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
-        self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], None))
+        self._post(self._skip_message(ref, seq, None))
 
     def withdraw(self, ref: InstanceRef, seq: int) -> ReplyFuture:
         answer = ReplyFuture("hf_skip")
-        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
-        self._post(_Message("hf_skip", ref.slot, ref, None, msg, [], answer))
+        self._post(self._skip_message(ref, seq, answer))
         return answer
+
+    def _skip_message(self, ref: InstanceRef, seq: int, answer: ReplyFuture | None) -> _Message:
+        """Call ``seq`` on ``ref`` must not run; ``answer`` (if any) hears whether it will not."""
+        msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
+        return _Message("hf_skip", ref.slot, ref, None, msg, [], answer)
 
     def abandon(self, address: str) -> None:
         """The worker at ``address`` is unreachable: reset the stream and lanes to it, so
@@ -563,8 +566,7 @@ class DirectPath:
         if message.seq is None or message.ref is None:  # a question, not a call
             return None
         answer = ReplyFuture("hf_skip")
-        msg = {"instance": message.ref.key, "driver": self.driver_id, "seq": message.seq}
-        self._send(_Message("hf_skip", message.slot, message.ref, None, msg, [], answer))
+        self._send(self._skip_message(message.ref, message.seq, answer))
         return answer  # (sent now: this runs on the loop, where ``_post`` would wait a turn)
 
     async def _withdrawn(self, message: _Message, answer: ReplyFuture | None) -> WorkerLostError:

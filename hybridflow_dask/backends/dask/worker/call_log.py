@@ -45,16 +45,18 @@ class CallRecord:
     """One call's phase times (``time.time()``), filled in as it goes."""
 
     __slots__ = ("key", "method", "path", "ref", "told", *CALL_STAMPS)
+    # (the stamps the hosting flow sets, typed; every stamp starts as None)
+    received: float
+    inputs: float | None
+    start: float | None
+    stop: float | None
+    replied: float | None
 
     def __init__(self, ref: InstanceRef, key: str, method: str, path: str) -> None:
         self.ref, self.key, self.method, self.path = ref, key, method, path
         for stamp in CALL_STAMPS:
             setattr(self, stamp, None)
-        self.received: float = time.time()
-        self.inputs: float | None = None
-        self.start: float | None = None
-        self.stop: float | None = None
-        self.replied: float | None = None
+        self.received = time.time()
         self.told = ""  # the pending state last reported to the scheduler
 
     def state(self) -> str:

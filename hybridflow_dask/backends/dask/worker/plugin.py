@@ -83,6 +83,15 @@ class InstancesPlugin(WorkerPlugin):
                 "hf_stream": self.handle_stream,
             },
         )
+        #: What a driver's stream may ask, each answered by a coroutine (made once).
+        self._ops: dict[str, Callable[..., Any]] = {
+            "hf_create": self.handle_create,
+            "hf_call": self.handle_call,
+            "hf_destroy": self.handle_destroy,
+            "hf_skip": _as_coroutine(self.handle_skip),
+            "hf_port": _as_coroutine(self.handle_port),
+            "hf_lane": _as_coroutine(self.handle_lane),
+        }
         self._registrar = Registrar(worker)
         self._loop: asyncio.AbstractEventLoop = worker.loop.asyncio_loop
         self._lane: LaneServer | None = None
@@ -219,17 +228,6 @@ class InstancesPlugin(WorkerPlugin):
         finally:
             writer.cancel()
         return dont_reply()
-
-    @property
-    def _ops(self) -> dict[str, Any]:
-        return {
-            "hf_create": self.handle_create,
-            "hf_call": self.handle_call,
-            "hf_destroy": self.handle_destroy,
-            "hf_skip": _as_coroutine(self.handle_skip),
-            "hf_port": _as_coroutine(self.handle_port),
-            "hf_lane": _as_coroutine(self.handle_lane),
-        }
 
     async def _resolve(self, args: tuple, kwargs: dict) -> Resolved:
         """Input futures (``InputKey``s) replaced by their values; the arguments that

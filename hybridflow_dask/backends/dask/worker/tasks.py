@@ -90,8 +90,9 @@ def run_call(
 ) -> Any:
     """One call; ``private`` lists the arguments that hold input futures, and ``share``
     keeps the result by reference (``hybridflow.share-colocated-inputs``)."""
-    call = Call(ref.key, driver, seq, method, args, kwargs, "kept", share, deadline, _task_key())
-    call.path = "task"
+    call = Call(
+        ref.key, driver, seq, method, args, kwargs, "kept", share, deadline, _task_key(), "task"
+    )
     return _await_off_pool(_instances().serve_now(call, _opened(private)))
 
 
