@@ -20,6 +20,7 @@ __all__ = [
     "freeze_gc",
     "fresh_processes",
     "max_local_workers",
+    "ranks_per_worker",
     "same_host_copy",
     "scatter_threshold",
     "share_colocated_inputs",
@@ -102,6 +103,20 @@ def share_colocated_inputs() -> bool:
 def max_local_workers() -> int:
     """How far an owned LocalCluster may grow (``hybridflow.max-local-workers``)."""
     return int(dask.config.get("hybridflow.max-local-workers"))
+
+
+def ranks_per_worker(value: int | None = None) -> int:
+    """How many ranks of one pool a worker process hosts (``value``, else
+    ``hybridflow.ranks-per-worker``): 1 in real jobs; more for light ranks (tests,
+    simulations of many ranks on a small machine)."""
+    raw = dask.config.get("hybridflow.ranks-per-worker") if value is None else value
+    if isinstance(raw, bool) or not isinstance(raw, int) or raw < 1:
+        raise ValueError(
+            f"hybridflow.ranks-per-worker must be a whole number >= 1, got {raw!r}; set it "
+            "with DaskBackend(ranks_per_worker=8) or "
+            "dask.config.set({'hybridflow.ranks-per-worker': 8})"
+        )
+    return raw
 
 
 def scatter_threshold() -> int:

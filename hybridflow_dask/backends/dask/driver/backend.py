@@ -15,6 +15,7 @@ import asyncio
 import atexit
 import collections
 import contextlib
+import dataclasses
 import logging
 import threading
 import time
@@ -42,6 +43,7 @@ from ..config import (
     unreachable_timeout,
 )
 from ..config import device_transfer as config_device_transfer
+from ..config import ranks_per_worker as config_ranks_per_worker
 from ..internals import published_value, worker_id_of
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
@@ -67,7 +69,7 @@ from .connect import SchedulerLostError, open_client, resolve_security
 from .direct_path import DirectPath, ReplyFuture
 from .gather import Gathering, wait_some
 from .liveness import Liveness, TopicFanOut, dead_address, futures_in
-from .placement import WorkerInfo, assign_slots
+from .placement import WorkerInfo, assign_slots, workers_needed
 from .reachability import CONNECT_S, PROBE_S, Reachability
 from .task_path import TaskPath
 
@@ -121,9 +123,12 @@ class DaskBackend:
         *,
         security: Any = None,
         device_transfer: str | None = None,
+        ranks_per_worker: int | None = None,
         **cluster_kwargs: Any,
     ) -> None:
         requested_route = config_device_transfer(device_transfer)
+        #: Ranks of one pool per worker process (``hybridflow.ranks-per-worker``).
+        self.ranks_per_worker = config_ranks_per_worker(ranks_per_worker)
         if sum(x is not None for x in (address, cluster, client)) > 1:
             raise ValueError("pass at most one of address=, cluster=, client=")
         if cluster_kwargs and (address or cluster or client):
@@ -158,6 +163,8 @@ class DaskBackend:
         self._scheduler_lost_since: float | None = None
         self._lock = threading.Lock()
         self._taken: set[str] = set()
+        #: Light ranks: the process that took over a dead one's ranks, by the dead one's id.
+        self._moved: dict[str, Slot] = {}
         self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
         self._live = Liveness()
@@ -245,7 +252,7 @@ class DaskBackend:
 
     def place(self, process_on_nodes: Sequence[int], use_gpu: bool | None, name: str) -> list[Slot]:
         self._check_open()
-        need = sum(process_on_nodes)
+        need = workers_needed(process_on_nodes, self.ranks_per_worker)
         avoid = self._freshen(need) if self._fresh else set()
         with self._lock:
             free = [w for w in self._free_workers() if w.address not in avoid]
@@ -278,15 +285,16 @@ class DaskBackend:
                 )
             candidates = gpu_workers if use_gpu else free
             try:
-                slots = assign_slots(process_on_nodes, candidates)
+                slots = assign_slots(process_on_nodes, candidates, self.ranks_per_worker)
             except ValueError as exc:
                 total = len(self._workers())
                 raise ValueError(
-                    f"cannot place pool {list(process_on_nodes)} ({need} ranks"
+                    f"cannot place pool {list(process_on_nodes)} ({sum(process_on_nodes)} ranks"
                     f"{', GPU' if use_gpu else ''}) on a cluster of {total} workers: {exc}"
                 ) from None
-            self._taken.update(s.address for s in slots)
-        self._mark_used([s.address for s in slots])
+            addresses = sorted({s.address for s in slots})
+            self._taken.update(addresses)
+        self._mark_used(addresses)
         logger.debug("placed pool %s on %s", name, [s.address for s in slots])
         return slots
 
@@ -299,6 +307,9 @@ class DaskBackend:
         start = time.monotonic()
         deadline = start + REPLACE_WAIT_S
         with self._lock:
+            moved = self._moved.get(slot.worker_id)
+            if moved is not None:  # another light rank of that process moved already
+                return dataclasses.replace(moved, index=slot.index, node=slot.node)
             self._taken.discard(slot.address)  # a worker restarted there may take its place
         while True:
             with self._lock:
@@ -309,8 +320,7 @@ class DaskBackend:
                     here = info.host == slot.host or anywhere
                     if here and info.has_gpu == slot.device.startswith("cuda"):
                         self._taken.add(info.address)
-                        self._mark_used([info.address])
-                        return Slot(
+                        new = Slot(
                             slot.index,
                             info.address,
                             info.host,
@@ -319,6 +329,14 @@ class DaskBackend:
                             info.name,
                             info.worker_id,
                         )
+                        if self.ranks_per_worker > 1:
+                            self._moved[slot.worker_id] = new
+                        break
+                else:
+                    new = None
+            if new is not None:
+                self._mark_used([new.address])
+                return new
             if time.monotonic() > deadline:
                 raise WorkerLostError(
                     f"no free live worker on host {slot.host} to replace {slot.address} after "
