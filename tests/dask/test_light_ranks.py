@@ -43,11 +43,13 @@ def test_a_pool_too_large_for_the_workers_names_ranks_per_worker():
 
 @pytest.mark.parametrize("value", [0, -1, 1.5, "8", True])
 def test_ranks_per_worker_must_be_a_whole_number_from_one(value):
-    with pytest.raises(ValueError, match="hybridflow.ranks-per-worker must be a whole number"):
+    with pytest.raises(ValueError, match=r"hybridflow\.ranks-per-worker must be a whole number"):
         ranks_per_worker(value)
-    with dask.config.set({"hybridflow.ranks-per-worker": value}):
-        with pytest.raises(ValueError, match="DaskBackend\\(ranks_per_worker=8\\)"):
-            ranks_per_worker()
+    with (
+        dask.config.set({"hybridflow.ranks-per-worker": value}),
+        pytest.raises(ValueError, match=r"DaskBackend\(ranks_per_worker=8\)"),
+    ):
+        ranks_per_worker()
 
 
 class Rank(hf.Worker):
