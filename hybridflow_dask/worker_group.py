@@ -17,7 +17,7 @@ import uuid
 from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
-from .backends.base import Backend, FutureList, InstanceRef, Slot
+from .backends.base import Backend, FutureList, InstanceRef, Slot, call_ranks
 from .call_checks import check_fits, check_inputs
 from .decorators import Dispatch, Execute, MethodSpec, get_method_spec, resolve_dispatch_mode
 from .decorators.dispatch import DispatchFns, drop_padding
@@ -666,17 +666,16 @@ class WorkerGroup:
                 value = value.whole(self._refs[rank].slot)
             return value
 
-        return [
-            self._backend.call(
-                self._refs[rank],
-                target,
-                (*route, *(pick(a, rank) for a in args)),
-                {k: pick(v, rank) for k, v in kwargs.items()},
-                label=label,
-                blocking=blocking,
-            )
-            for rank in ranks
-        ]
+        ranks = list(ranks)
+        return call_ranks(
+            self._backend,
+            [self._refs[rank] for rank in ranks],
+            target,
+            [(*route, *(pick(a, rank) for a in args)) for rank in ranks],
+            [{k: pick(v, rank) for k, v in kwargs.items()} for rank in ranks],
+            label=label,
+            blocking=blocking,
+        )
 
     def _route(self, method_name: str) -> tuple[str, tuple[str, ...]]:
         """The instance method to call and the leading arguments that select the role.

@@ -14,6 +14,8 @@ The protocol is three small groups, one per caller, and ``Backend`` is their uni
 
 plus ``name``, ``closed`` and ``shutdown``. Optional members, read where present:
 ``dashboard_link`` (a URL where people watch the backend's work, or ``None``),
+``call_ranks`` (one call to several ranks, which the backend may send together: see
+``call_ranks`` below, which the core calls),
 ``future_problem(obj)`` (why one of its futures can no longer be an argument, e.g. made
 by a client since closed, or ``None``; the core refuses such a call before sending it),
 ``in_process`` and ``results_outlive_workers`` (below). The docstrings below are the
@@ -91,6 +93,7 @@ __all__ = [
     "Slot",
     "WorkerLostError",
     "WorkerUnreachableError",
+    "call_ranks",
 ]
 
 
@@ -345,3 +348,31 @@ class Backend(Placement, Instances, Futures, Protocol):
         instances it made are gone.
         """
         ...
+
+
+def call_ranks(
+    backend: Instances,
+    refs: Sequence[InstanceRef],
+    method: str,
+    args: Sequence[tuple],
+    kwargs: Sequence[dict],
+    *,
+    label: str,
+    blocking: bool = False,
+) -> list[BackendFuture]:
+    """``backend.call(refs[i], method, args[i], kwargs[i], ...)`` for each rank, in order.
+
+    A backend may offer ``call_ranks`` with this signature: it promises exactly what
+    that sequence of calls promises (order per instance, copies, deadlines, errors
+    and deaths per rank), and may send the parts together (one message per worker
+    process, arguments shared by several ranks packed once). Checks that would refuse
+    one rank's part (a dead rank, an argument that cannot travel) refuse the whole call
+    before any part is sent.
+    """
+    together = getattr(backend, "call_ranks", None)
+    if together is not None:
+        return together(refs, method, args, kwargs, label=label, blocking=blocking)
+    return [
+        backend.call(ref, method, a, kw, label=label, blocking=blocking)
+        for ref, a, kw in zip(refs, args, kwargs)
+    ]

@@ -62,7 +62,7 @@ from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
 from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
 from ..worker.used_mark import is_used, mark_used
-from .call_path import CallPath
+from .call_path import CallPath, RankCall
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
@@ -167,6 +167,7 @@ class DaskBackend:
         self._moved: dict[str, Slot] = {}
         self._fresh = fresh_processes()
         self._seq: dict[str, int] = {}
+        self._seq_lock = threading.Lock()
         self._live = Liveness()
         self._reach = Reachability(self.client.connection_args.get("ssl_context"))
         self._probe: dict[str, dict] = {}
@@ -420,7 +421,7 @@ class DaskBackend:
                     "message": f"rebuilt from __init__ on {ref.slot.address} (it was on {was})",
                 }
             )
-        seq = self._next_seq(ref)
+        (seq,) = self._next_seqs([ref])
         future = self._path.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs), seq)
         return future
@@ -435,24 +436,45 @@ class DaskBackend:
         label: str,
         blocking: bool = False,
     ) -> Any:
-        """One call, the same flow on every path: a dead rank fails it before anything is
-        sent; its number orders it on the instance; a call that could not be sent is
-        withdrawn (later calls must not wait for it); its worker is remembered, so a wait
-        on it fails at once if that worker (or an input's) dies."""
-        self._check_alive(ref.slot, ref)
-        args, kwargs = _for_worker(args), _for_worker(kwargs)
-        seq = self._next_seq(ref)
+        return self.call_ranks([ref], method, [args], [kwargs], label=label, blocking=blocking)[0]
+
+    def call_ranks(
+        self,
+        refs: Sequence[InstanceRef],
+        method: str,
+        args: Sequence[tuple],
+        kwargs: Sequence[dict],
+        *,
+        label: str,
+        blocking: bool = False,
+    ) -> list[Any]:
+        """One call to several ranks, the same flow on every path: a dead rank fails it
+        before anything is sent; each rank's number orders it on its instance; a call that
+        could not be sent is withdrawn (later calls must not wait for it); each result's
+        worker is remembered, so a wait on it fails at once if that worker (or an input's)
+        dies. The path sends each worker process its ranks' parts together."""
+        for ref in refs:
+            self._check_alive(ref.slot, ref)
+        seqs = self._next_seqs(refs)
+        calls = [
+            RankCall(ref, seq, _for_worker(a), _for_worker(kw))
+            for ref, seq, a, kw in zip(refs, seqs, args, kwargs)
+        ]
         limit = call_timeout()  # the limit in force when the call is made, on every wait
         deadline = None if limit is None else time.time() + limit
         try:
-            future = self._path.call(
-                ref, seq, method, args, kwargs, label=label, blocking=blocking, deadline=deadline
+            futures = self._path.call(
+                calls, method, label=label, blocking=blocking, deadline=deadline
             )
         except BaseException:
-            self._path.skip(ref, seq)
+            for call in calls:
+                self._path.skip(call.ref, call.seq)
             raise
-        self._live.track(future, ref.slot, ref, (args, kwargs), seq, deadline)
-        return future
+        for future, call in zip(futures, calls):
+            self._live.track(
+                future, call.ref.slot, call.ref, (call.args, call.kwargs), call.seq, deadline
+            )
+        return futures
 
     def submit(
         self, fn: Callable[..., Any], *args: Any, slot: Slot | None = None, label: str = "hf"
@@ -586,7 +608,7 @@ class DaskBackend:
         for ref in refs:
             if self._live.is_dead(ref.slot):
                 continue
-            teardown = self._path.destroy(ref, self._next_seq(ref))
+            teardown = self._path.destroy(ref, *self._next_seqs([ref]))
             self._destroying.append(teardown)
             # dropped once done, so a teardown's (empty) result is not kept on the worker
             teardown.add_done_callback(self._forget_teardown)
@@ -642,12 +664,14 @@ class DaskBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _next_seq(self, ref: InstanceRef) -> int:
-        key = ref.key
-        with self._lock:
-            seq = self._seq.get(key, 0) + 1
-            self._seq[key] = seq
-            return seq
+    def _next_seqs(self, refs: Sequence[InstanceRef]) -> list[int]:
+        """The next call number on each of ``refs``' instances."""
+        numbers, out = self._seq, []
+        with self._seq_lock:
+            for ref in refs:
+                seq = numbers[ref.key] = numbers.get(ref.key, 0) + 1
+                out.append(seq)
+        return out
 
     def _on_worker_removed(self, event: Any) -> None:
         """A death report on the topic (loop thread). Any client may post there, so the

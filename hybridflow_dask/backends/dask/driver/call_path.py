@@ -18,13 +18,22 @@ method returns (see ``wire.snapshot``), and what the driver holds is an ordinary
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from distributed import Future
 
 from ...base import InstanceRef, Slot
 
-__all__ = ["CallPath"]
+__all__ = ["CallPath", "RankCall"]
+
+
+class RankCall(NamedTuple):
+    """One rank's part of a call: its instance, its number there, its arguments."""
+
+    ref: InstanceRef
+    seq: int
+    args: tuple
+    kwargs: dict
 
 
 class CallPath(Protocol):
@@ -45,18 +54,16 @@ class CallPath(Protocol):
 
     def call(
         self,
-        ref: InstanceRef,
-        seq: int,
+        calls: Sequence[RankCall],
         method: str,
-        args: tuple,
-        kwargs: dict,
         *,
         label: str,
         blocking: bool,
         deadline: float | None = None,
-    ) -> Any:
-        """Send call number ``seq``; its arguments are captured before this returns.
-        ``deadline`` (``time.time()``): the worker never starts the call after it."""
+    ) -> list[Any]:
+        """Send ``method`` to each rank of ``calls`` (one future each, in order); their
+        arguments are captured before this returns. ``deadline`` (``time.time()``): no
+        worker starts its part after it."""
         ...
 
     def skip(self, ref: InstanceRef, seq: int) -> None:

@@ -52,6 +52,7 @@ from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
+from .call_path import RankCall
 from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in
@@ -184,25 +185,65 @@ class DirectPath:
 
     def call(
         self,
-        ref: InstanceRef,
-        seq: int,
+        calls: Sequence[RankCall],
         method: str,
-        args: tuple,
-        kwargs: dict,
         *,
         label: str,
         blocking: bool,
         deadline: float | None = None,
-    ) -> Any:
-        key = task_key(label)
-        args, kwargs, inputs = self._placeholders(args, kwargs)
+    ) -> list[Any]:
+        """One message per rank, and per worker process one write: the messages of a
+        blocking call without future inputs go on the process's lane together (as one
+        batch when the process hosts several of the ranks), the others on its stream,
+        which writes every message posted in one turn of the loop at once."""
+        shared = _Shared()  # every rank's message is made before any is sent
+        messages = [self._message(c, method, label, blocking, deadline, shared) for c in calls]
+        batches: dict[Lane, list[_Message]] = {}
+        for message in messages:
+            if blocking and not message.inputs and not message.known:
+                lane = self._lane(message.slot)
+                if lane is not None:
+                    batches.setdefault(lane, []).append(message)
+                    continue
+            self._post(message)
+        for lane, batch in batches.items():
+            try:
+                if len(batch) == 1:
+                    lane.request(batch[0].msg, batch[0])
+                else:
+                    lane.request(_batch_msg(batch, method, deadline), _Batch(batch))
+            except ConnectionError:  # broke just now: the Dask comm reports what happened
+                for message in batch:
+                    self._post(message)
+        return [message.future for message in messages]
+
+    def _message(
+        self,
+        call: RankCall,
+        method: str,
+        label: str,
+        blocking: bool,
+        deadline: float | None,
+        shared: _Shared,
+    ) -> _Message:
+        """The message for one rank's part of a call, its future in ``future``. Ranks
+        given the very same argument objects share one packing of them."""
+        ref, key = call.ref, task_key(label)
+        args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
         if plain_call(args, kwargs):  # travel inside the message as they are
             packed_args, packed_kwargs = args, kwargs
         else:
-            packed_args = pack(args, f"the arguments of {label} for rank {ref.rank}")
-            packed_kwargs = pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}")
-            if not blocking:  # sent after this returns: the caller may change them meanwhile
-                packed_args, packed_kwargs = own_frames(packed_args), own_frames(packed_kwargs)
+            packed = shared.get(call.args, call.kwargs) if not inputs else None
+            if packed is None:
+                packed = (
+                    pack(args, f"the arguments of {label} for rank {ref.rank}"),
+                    pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}"),
+                )
+                if not blocking:  # sent after this returns: the caller may change them meanwhile
+                    packed = (own_frames(packed[0]), own_frames(packed[1]))
+                if not inputs:
+                    shared.keep(call.args, call.kwargs, packed)
+            packed_args, packed_kwargs = packed
             sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
             with self._lock:
                 self._counts["scattered"] += sent
@@ -214,7 +255,7 @@ class DirectPath:
         msg = {
             "instance": ref.key,
             "driver": self.driver_id,
-            "seq": seq,
+            "seq": call.seq,
             "method": method,
             "args": packed_args,
             "kwargs": packed_kwargs,
@@ -224,18 +265,9 @@ class DirectPath:
             "share": self._share,
             "deadline": deadline,
         }
-        message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, future)
+        message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, future)
         message.known = _nested_futures(args) + _nested_futures(kwargs)
-        if blocking and not inputs and not message.known:
-            lane = self._lane(ref.slot)
-            if lane is not None:
-                try:
-                    lane.request(msg, message)
-                    return future
-                except ConnectionError:  # broke just now: the Dask comm reports what happened
-                    pass
-        self._post(message)
-        return future
+        return message
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
         future = ReplyFuture(task_key(f"{ref.group}.__del__"))
@@ -457,7 +489,14 @@ class DirectPath:
             tls=tls,
         )
 
-    def _lane_reply(self, message: _Message, reply: dict) -> None:
+    def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
+        if isinstance(message, _Batch):  # one reply per rank, in the batch's order
+            replies = reply.get("replies")
+            if not isinstance(replies, list) or len(replies) != len(message.parts):
+                replies = [reply] * len(message.parts)  # the batch as a whole failed
+            for part, answer in zip(message.parts, replies):
+                self._lane_reply(part, answer)
+            return
         error = _reply_error(reply)
         if error is None:
             try:
@@ -470,6 +509,7 @@ class DirectPath:
     def _lane_broken(self, pending: list[_Message]) -> None:
         """The lane ended with calls unanswered: handled as a broken Dask stream is."""
         error = ConnectionError("the socket lane closed")
+        pending = [p for m in pending for p in (m.parts if isinstance(m, _Batch) else [m])]
         for message in pending:
             try:
                 self._loop.call_soon_threadsafe(self._answered, message, None, error)
@@ -663,6 +703,64 @@ class DirectPath:
             return InputKey(value.key) if isinstance(value, Future) else value
 
         return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
+
+
+class _Batch:
+    """Several ranks' messages to one worker process, sent and answered as one."""
+
+    __slots__ = ("parts",)
+
+    def __init__(self, parts: list[_Message]) -> None:
+        self.parts = parts
+
+
+def _batch_msg(messages: list[_Message], method: str, deadline: float | None) -> dict:
+    """One lane message for ``messages`` (calls of one method in one process): what they
+    share once, arguments too when every rank has the same, and each rank's own part."""
+    first = messages[0].msg
+    common = all(m.msg["args"] is first["args"] for m in messages) and all(
+        m.msg["kwargs"] is first["kwargs"] for m in messages
+    )
+    own = ("instance", "seq", "key") if common else ("instance", "seq", "key", "args", "kwargs")
+    batch = {
+        "op": "calls",
+        "driver": first["driver"],
+        "method": method,
+        "deadline": deadline,
+        "calls": [{name: m.msg[name] for name in own} for m in messages],
+    }
+    if common:
+        batch["args"], batch["kwargs"] = first["args"], first["kwargs"]
+    return batch
+
+
+class _Shared:
+    """The packing of the last argument objects seen, for ranks given the same ones
+    (``ONE_TO_ALL`` hands every rank the very same objects)."""
+
+    __slots__ = ("args", "kwargs", "packed")
+
+    def __init__(self) -> None:
+        self.args: tuple | None = None
+        self.kwargs: dict | None = None
+        self.packed: tuple[Any, Any] | None = None
+
+    def get(self, args: tuple, kwargs: dict) -> tuple[Any, Any] | None:
+        if self.args is None or self.kwargs is None:
+            return None
+        if _same(args, self.args) and _same(kwargs, self.kwargs):
+            return self.packed
+        return None
+
+    def keep(self, args: tuple, kwargs: dict, packed: tuple[Any, Any]) -> None:
+        self.args, self.kwargs, self.packed = args, kwargs, packed
+
+
+def _same(a: Any, b: Any) -> bool:
+    """The same objects, position by position (or key by key)."""
+    if type(a) is dict:
+        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _nested_futures(values: Any) -> list[Future]:

@@ -37,6 +37,7 @@ from ..wire.keys import task_key
 from ..wire.messages import is_plain
 from ..wire.snapshot import Captured
 from ..worker.tasks import create_instance, destroy_instance, run_call, skip_call, worker_port
+from .call_path import RankCall
 from .liveness import Liveness, futures_in
 
 __all__ = ["TaskPath"]
@@ -85,15 +86,26 @@ class TaskPath:
 
     def call(
         self,
-        ref: InstanceRef,
-        seq: int,
+        calls: Sequence[RankCall],
         method: str,
-        args: tuple,
-        kwargs: dict,
         *,
         label: str,
         blocking: bool,
         deadline: float | None = None,
+    ) -> list[Future]:
+        """A pinned task per rank (the scheduler has no batch of its own to offer)."""
+        return [self._call(*c, method, label=label, deadline=deadline) for c in calls]
+
+    def _call(
+        self,
+        ref: InstanceRef,
+        seq: int,
+        args: tuple,
+        kwargs: dict,
+        method: str,
+        *,
+        label: str,
+        deadline: float | None,
     ) -> Future:
         private = _shared_positions(args, kwargs)
         what = f"the arguments of {label} for rank {ref.rank}"

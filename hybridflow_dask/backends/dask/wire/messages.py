@@ -32,6 +32,7 @@ __all__ = [
     "Framed",
     "LaneLimits",
     "is_plain",
+    "own_framed",
     "pack",
     "plain_call",
     "read_message",
@@ -96,7 +97,8 @@ def _encodes(text: str) -> bool:
 
 # -- socket messages ---------------------------------------------------------------------------
 #
-# A message is a dict. Its ``Serialized`` values (Dask's header and frames) travel after it
+# A message is a dict. Its ``Serialized`` values (Dask's header and frames), and those of
+# the dicts in its lists (a batch's calls or replies, one level down), travel after it
 # as raw frames, each written straight from the tensor's memory and read into one buffer
 # of its exact size; everything else is in one pickle. On the wire:
 # [meta length, frame count] [frame lengths] [pickled dict] [frame] [frame] ...
@@ -133,14 +135,20 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     the caller keeps them alive, and unchanged, until the reader says it has copied them.
     """
     frames: list[Any] = []
-    meta = {}
-    for name, value in msg.items():
-        if isinstance(value, Serialized):
-            meta[name] = Framed(value.header, len(value.frames))
-            frames += value.frames
-        else:
-            meta[name] = value
-    body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
+
+    def framed(values: dict, top: bool) -> dict:
+        meta: dict[str, Any] = {}
+        for name, value in values.items():
+            if isinstance(value, Serialized):
+                meta[name] = Framed(value.header, len(value.frames))
+                frames.extend(value.frames)
+            elif top and type(value) is list:  # a batch's calls or replies
+                meta[name] = [framed(v, False) if type(v) is dict else v for v in value]
+            else:
+                meta[name] = value
+        return meta
+
+    body = pickle.dumps(framed(msg, True), protocol=pickle.HIGHEST_PROTOCOL)
     sizes = [memoryview(f).nbytes for f in frames]
     left = [leave_in_place and size >= LEAVE_MIN for size in sizes]
     lengths = [size | _LEFT if keep else size for size, keep in zip(sizes, left)]
@@ -230,7 +238,7 @@ def read_message(
     msg = pickle.loads(_read(stream, body_size))
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
-    declared = sum(v.count for v in msg.values() if isinstance(v, Framed))
+    declared = sum(v.count for v in _framed_values(msg))
     if declared != count:
         raise ProtocolError(f"a message carries {count} frames but its values name {declared}")
     frames: list[Any] = []
@@ -255,10 +263,32 @@ def read_message(
         else:
             frames.append(_read(stream, length))
     parts = iter(frames)
+    for value in _framed_values(msg):
+        value.frames = [next(parts) for _ in range(value.count)]
+    return msg, copied
+
+
+def _framed_values(msg: dict) -> list[Framed]:
+    """The ``Framed`` values of a message in the order their frames follow it: its own,
+    then those of the dicts in its lists (a batch's calls or replies), as written."""
+    found = []
     for value in msg.values():
         if isinstance(value, Framed):
-            value.frames = [next(parts) for _ in range(value.count)]
-    return msg, copied
+            found.append(value)
+        elif type(value) is list:
+            for item in value:
+                if type(item) is dict:
+                    found += [v for v in item.values() if isinstance(v, Framed)]
+    return found
+
+
+def own_framed(value: Any) -> Any:
+    """``value`` with frames of its own if it is ``Framed`` (a reader's copy of shared ones)."""
+    if not isinstance(value, Framed):
+        return value
+    copy = Framed(value.header, value.count)
+    copy.frames = [bytearray(memoryview(f).cast("B")) for f in value.frames]
+    return copy
 
 
 def unpack(value: Any) -> Any:

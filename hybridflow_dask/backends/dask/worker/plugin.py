@@ -20,6 +20,7 @@ import asyncio
 import atexit
 import concurrent.futures
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -40,7 +41,7 @@ from ..internals import add_handlers, dont_reply, enter_worker, fetch_keys, regi
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
 from ..wire.keys import InputKey, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
-from ..wire.messages import LaneLimits, is_plain, pack, unpack
+from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
 from ..wire.snapshot import SerializerCopy
 from . import rank_output
 from .call_log import CallLog
@@ -272,8 +273,11 @@ class InstancesPlugin(WorkerPlugin):
     def lane_message(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """Called by the lane's reading thread, which must go back to reading at once: a
         fetch's reply is written by a fetch thread, a call's by its instance's thread."""
-        if msg.get("op") == "fetch":
+        op = msg.get("op")
+        if op == "fetch":
             self._fetchers.submit(self.lane_fetch, msg, reply)
+        elif op == "calls":
+            self.lane_calls(msg, reply)
         else:
             self.lane_call(msg, reply)
 
@@ -322,6 +326,50 @@ class InstancesPlugin(WorkerPlugin):
 
         outcome = self.instances.serve_now(call, _unpacked, lambda value: _payload(value, call))
         outcome.add_done_callback(answer)
+
+    def lane_calls(self, msg: dict, reply: Callable[[dict], None]) -> None:
+        """Several ranks' parts of one blocking call (the ranks this process hosts), each
+        served by the one call flow as its own call, answered together once the last has
+        returned. Each result is therefore copied as its method returns (unless plain),
+        since its instance may run its next call before the reply is written; a rank given
+        the arguments all share (``args``/``kwargs`` at the batch's top) reads them from
+        frames of its own, so no two instances hold the same objects."""
+        parts = msg["calls"]
+        outcomes: list[dict | None] = [None] * len(parts)
+        left = [len(parts)]
+        lock = threading.Lock()
+
+        def answered(index: int, done: concurrent.futures.Future) -> None:
+            error = done.exception()
+            outcomes[index] = (
+                {"status": "OK", "result": done.result()}
+                if error is None
+                else {"status": "error", "exception": error}
+            )
+            with lock:
+                left[0] -= 1
+                last = left[0] == 0
+            if last:
+                reply({"id": msg["id"], "status": "OK", "replies": outcomes})
+
+        for index, part in enumerate(parts):
+            shared = "args" not in part
+            call = Call(
+                part["instance"],
+                msg["driver"],
+                part["seq"],
+                msg["method"],
+                msg["args"] if shared else part["args"],
+                msg["kwargs"] if shared else part["kwargs"],
+                result="later",
+                deadline=msg.get("deadline"),
+                key=part["key"],
+            )
+            resolve = _unpacked if not shared or index == 0 else _unpacked_own
+            outcome = self.instances.serve_now(
+                call, resolve, functools.partial(_payload, call=call)
+            )
+            outcome.add_done_callback(functools.partial(answered, index))
 
 
 class Registrar:
@@ -450,6 +498,11 @@ def _input_keys(values: Any) -> list[str]:
 def _unpacked(args: Any, kwargs: Any) -> Resolved:
     """A lane call's arguments, read from its message (and the driver's memory)."""
     return unpack(args), unpack(kwargs), ()
+
+
+def _unpacked_own(args: Any, kwargs: Any) -> Resolved:
+    """Arguments another rank of the batch reads too, from copies of their frames."""
+    return unpack(own_framed(args)), unpack(own_framed(kwargs)), ()
 
 
 def _payload(result: Any, call: Call) -> Any:

@@ -1,0 +1,94 @@
+"""A call to several ranks travels together: one lane message per worker process."""
+
+from __future__ import annotations
+
+import os
+
+import dask
+import pytest
+import torch
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends.dask.driver.lane import Lane
+
+pytestmark = pytest.mark.cluster
+
+
+class Light(hf.Worker):
+    def __init__(self) -> None:
+        super().__init__()
+        self.state = torch.zeros(3)
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def add_rank_in_place(self, tensor):
+        tensor += self.rank  # changes this rank's input only
+        return tensor, os.getpid()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def grow_state(self):
+        self.state += 1
+        return self.state  # the instance keeps changing it in later calls
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def fail_on(self, rank):
+        if self.rank == rank:
+            raise KeyError(f"rank {rank} fails")
+        return self.rank
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def double(self, data: hf.DataProto) -> hf.DataProto:
+        return hf.DataProto.from_dict(
+            {"x": data.batch["x"] * 2, "r": data.batch["x"] * 0 + self.rank}
+        )
+
+
+@pytest.fixture
+def light_group(hf_dask_cluster):
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        backend = DaskBackend(cluster=hf_dask_cluster, ranks_per_worker=4)
+    with backend:
+        group = hf.WorkerGroup(hf.ResourcePool([8]), hf.ClassWithInitArgs(Light), backend=backend)
+        yield group
+        group.shutdown()
+
+
+def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, monkeypatch):
+    light_group.fail_on(-1)  # lanes open
+    sent = []
+    original = Lane.request
+    monkeypatch.setattr(
+        Lane, "request", lambda lane, msg, ctx: (sent.append(msg), original(lane, msg, ctx))[1]
+    )
+    assert light_group.fail_on(-1) == list(range(8))
+    assert len(sent) == 2  # 8 ranks on 2 processes
+    assert [len(msg["calls"]) for msg in sent] == [4, 4]
+
+
+def test_ranks_sharing_an_argument_in_one_process_each_get_their_own_copy(light_group):
+    sent = torch.ones(3)
+    results = light_group.add_rank_in_place(sent)
+    assert [r[0].tolist() for r in results] == [[1.0 + rank] * 3 for rank in range(8)]
+    assert len({pid for _, pid in results}) == 2  # light ranks: two processes
+    assert sent.tolist() == [1.0, 1.0, 1.0]  # and the caller's tensor is untouched
+
+
+def test_results_of_a_batch_are_captured_as_each_method_returns(light_group):
+    first = light_group.grow_state()
+    second = light_group.grow_state()
+    assert [t.tolist() for t in first] == [[1.0] * 3] * 8
+    assert [t.tolist() for t in second] == [[2.0] * 3] * 8
+
+
+def test_one_ranks_error_in_a_batch_names_that_rank_and_keeps_its_type(light_group):
+    with pytest.raises(KeyError, match="rank 5 fails") as caught:
+        light_group.fail_on(5)
+    assert caught.value.hybridflow_origin == (light_group.name_prefix, "fail_on", 5)
+    assert light_group.fail_on(-1) == list(range(8))  # every rank goes on
+
+
+def test_different_arguments_per_rank_in_one_batch_reach_their_ranks(light_group):
+    data = hf.DataProto.from_dict({"x": torch.arange(16.0)})
+    out = light_group.double(data)
+    assert out.batch["x"].tolist() == [2.0 * i for i in range(16)]
+    assert out.batch["r"].tolist() == [float(i // 2) for i in range(16)]
