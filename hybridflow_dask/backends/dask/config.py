@@ -19,6 +19,7 @@ __all__ = [
     "device_transfer",
     "freeze_gc",
     "fresh_processes",
+    "group_messages",
     "max_local_workers",
     "ranks_per_worker",
     "same_host_copy",
@@ -70,6 +71,11 @@ def call_path() -> str:
 def socket_lane() -> bool:
     """Whether blocking direct calls may use the workers' socket lanes."""
     return bool(dask.config.get("hybridflow.socket-lane"))
+
+
+def group_messages() -> bool:
+    """Whether a call's parts for one worker process travel as one message."""
+    return bool(dask.config.get("hybridflow.group-messages"))
 
 
 def same_host_copy() -> bool:

@@ -7,6 +7,7 @@ another instance's extra ones.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import os
 import threading
@@ -57,26 +58,60 @@ class EnvGate:
     without any switching; a call that needs other variables waits until the running ones
     finish, then switches. So no call ever sees a colocated instance's variables, and the
     common case (one pool, one rank environment) costs a lock.
+
+    Waiters are admitted in arrival order, each woken once, when its turn comes (with
+    every waiter behind it that wants the same variables): many instances taking turns
+    (light ranks, each with its own ``RANK``) cost one wake-up per call, not one per
+    waiting thread, and a new caller never overtakes the queue.
     """
 
     def __init__(self) -> None:
-        self._cond = threading.Condition()
+        self._lock = threading.Lock()
         self._switch = EnvSwitch()
         self._current: frozenset | None = None
         self._active = 0
+        self._waiting: collections.deque[tuple[frozenset, dict[str, str], threading.Event]] = (
+            collections.deque()
+        )
 
     @contextlib.contextmanager
     def use(self, env: dict[str, str]) -> Iterator[None]:
         wanted = frozenset(env.items())
-        with self._cond:
-            self._cond.wait_for(lambda: self._active == 0 or self._current == wanted)
-            if self._current != wanted:
-                self._switch.switch(env)
-                self._current = wanted
-            self._active += 1
+        with self._lock:
+            turn = None
+            if not self._waiting and (self._active == 0 or self._current == wanted):
+                self._enter(wanted, env)
+            else:
+                turn = threading.Event()
+                self._waiting.append((wanted, env, turn))
+        if turn is not None:
+            turn.wait()  # admitted (and the variables switched) by the last one out
         try:
             yield
         finally:
-            with self._cond:
+            with self._lock:
                 self._active -= 1
-                self._cond.notify_all()
+                if self._active == 0 and self._waiting:
+                    self._admit()
+
+    def _enter(self, wanted: frozenset, env: dict[str, str]) -> None:
+        if self._current != wanted:
+            self._switch.switch(env)
+            self._current = wanted
+        self._active += 1
+
+    def _admit(self) -> None:
+        """Let the first waiter in, and every other waiter that wants its variables."""
+        wanted, env, turn = self._waiting.popleft()
+        self._enter(wanted, env)
+        admitted = [turn]
+        rest: collections.deque = collections.deque()
+        for waiter in self._waiting:
+            if waiter[0] == wanted:
+                self._active += 1
+                admitted.append(waiter[2])
+            else:
+                rest.append(waiter)
+        self._waiting = rest
+        for event in admitted:
+            event.set()

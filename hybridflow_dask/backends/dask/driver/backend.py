@@ -35,6 +35,7 @@ from ..config import (
     call_timeout,
     freeze_gc,
     fresh_processes,
+    group_messages,
     max_local_workers,
     same_host_copy,
     scheduler_timeout,
@@ -191,6 +192,7 @@ class DaskBackend:
                 lanes=socket_lane(),
                 same_host_copy=same_host_copy(),
                 counts=self.driver_bytes,
+                group_messages=group_messages(),
             )
             if call_path() == "direct"
             else None

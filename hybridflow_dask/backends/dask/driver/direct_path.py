@@ -138,8 +138,11 @@ class DirectPath:
         lanes: bool,
         same_host_copy: bool,
         counts: dict[str, int],
+        group_messages: bool = True,
     ) -> None:
         self.client = client
+        #: Whether a call's parts for one process travel as one message.
+        self._group = group_messages
         #: The backend's ``driver_bytes``: arguments this path sends count as "scattered".
         self._counts = counts
         self.driver_id = driver_id
@@ -206,7 +209,10 @@ class DirectPath:
                     batches.setdefault(lane, []).append(message)
                     continue
             self._post(message)
-        for lane, batch in batches.items():
+        together = list(batches.items())
+        if not self._group:  # the flat dispatch: a message per rank
+            together = [(lane, [m]) for lane, batch in together for m in batch]
+        for lane, batch in together:
             try:
                 if len(batch) == 1:
                     lane.request(batch[0].msg, batch[0])
