@@ -13,7 +13,8 @@
 - the ``gpu`` marker skips a test when no CUDA device is visible.
 - ``--hf-backend=MODULE:FACTORY``: the backend the conformance kit tests
   (``pytest --hf-backend=pkg.mod:factory --pyargs hybridflow_dask.testing.conformance``;
-  see ``hybridflow_dask.testing.conformance`` and ``docs/backends.md``).
+  see ``hybridflow_dask.testing.conformance`` and ``docs/backends.md``), and
+  ``--hf-kit-world-size=N``: the ranks of its pools in the tests about several ranks.
 
 Installing the package loads this module into every pytest run, so it imports nothing
 heavy at module level: each fixture imports what it needs (torch, Dask, the backends)
@@ -52,6 +53,14 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         help="the backend factory the conformance kit (hybridflow_dask.testing.conformance) "
         "tests: called with no arguments for a backend, and with attach_to=<backend> for a "
         "second driver on the same cluster if it takes that keyword",
+    )
+    parser.addoption(
+        "--hf-kit-world-size",
+        type=int,
+        default=None,
+        metavar="N",
+        help="ranks of the conformance kit's pools in its tests about several ranks "
+        "(default 2; a whole number from 2)",
     )
 
 

@@ -20,11 +20,19 @@ Or, from a test module of your own, import the kit and override the factory fixt
 (override ``hf_backend`` as well to test a backend you already hold; the kit then does
 not shut it down if your fixture does not).
 
+The tests about several ranks (environments, colocation, routing, errors in rank order,
+a failed construction, a death and ``recover()``) run on pools of the kit's world size,
+2 unless ``--hf-kit-world-size=N`` or an overridden ``hf_kit_world_size`` fixture says
+otherwise; the tests about one instance keep their pools of one. At world size ``n`` the
+kit holds at most ``max(n + 1, 3)`` slots at once: a pool of ``n`` ranks and one of 1.
+
 Tests marked ``hf_processes`` kill a worker process, call ``recover()`` or attach a
 second driver: a backend that hosts instances in the driver's own process declares
 ``in_process = True`` and those tests are skipped for it, with that reason. They run
-last, since a killed process leaves the cluster a slot short until it is restarted. At
-most three slots are held at once; the classes the kit runs live in
+last, since a killed process leaves the cluster a slot short until it is restarted. A
+process may host several ranks (``DaskBackend(ranks_per_worker=k)``): killing the last
+rank's process then takes all of its ranks, and ``recover()`` must rebuild exactly those.
+The classes the kit runs live in
 ``hybridflow_dask.testing.conformance_workers``, which the hosting processes must be able
 to import. ``docs/backends.md`` is the guide.
 """
@@ -91,6 +99,23 @@ def hf_backend_factory(pytestconfig: pytest.Config) -> Callable[..., Any]:
 
 
 @pytest.fixture(scope="module")
+def hf_kit_world_size(pytestconfig: pytest.Config) -> int:
+    """Ranks of the pools of the tests about several ranks: ``--hf-kit-world-size``, else
+    2 (override this fixture in your module to fix it there)."""
+    value = pytestconfig.getoption("hf_kit_world_size", default=None)
+    return 2 if value is None else check_world_size(value)
+
+
+def check_world_size(value: Any) -> int:
+    """The kit's world size, refused unless a whole number from 2 (its tests need a rank 1)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 2:
+        raise pytest.UsageError(
+            f"the kit's world size must be a whole number from 2, got {value!r}"
+        )
+    return value
+
+
+@pytest.fixture(scope="module")
 def hf_backend(hf_backend_factory: Callable[..., Any]) -> Iterator[Any]:
     """One backend for the kit's tests, shut down after them."""
     backend = hf_backend_factory()
@@ -143,37 +168,40 @@ def hf_second_driver(hf_backend: Any, hf_backend_factory: Callable[..., Any]) ->
 
 @dataclass
 class KilledRank:
-    """What the kit saw after SIGKILLing rank 1's process of ``group``."""
+    """What the kit saw after SIGKILLing the process of ``group``'s last rank."""
 
     group: WorkerGroup
     rank: int
     old_pid: int
+    #: The ranks that lived in that process (``rank`` and any light ranks beside it).
+    lost_ranks: list[int]
     outcome: str  # "raised", "returned" or "hung"
     error: BaseException | None
     value: Any
     seconds: float
     alive_after: bool
-    #: What gathering a result rank 1 finished before the kill did: ("returned", value),
+    #: What gathering a result ``rank`` finished before the kill did: ("returned", value),
     #: ("raised", error) or ("hung", None).
     kept_after: tuple[str, Any] = ("hung", None)
 
 
 @pytest.fixture(scope="module")
-def hf_killed_rank(hf_backend: Any) -> Iterator[KilledRank]:
-    """A 2-rank group whose rank 1 process was killed, and what the next call did: one
-    kill per kit run, shared by the death and recovery tests."""
+def hf_killed_rank(hf_backend: Any, hf_kit_world_size: int) -> Iterator[KilledRank]:
+    """A group whose last rank's process was killed, and what the next call did: one kill
+    per kit run, shared by the death and recovery tests."""
     if _in_process(hf_backend):
         pytest.skip(_in_process_reason(hf_backend))
     group = WorkerGroup(
-        ResourcePool([2]),
+        ResourcePool([hf_kit_world_size]),
         ClassWithInitArgs(Probe, os.getpid()),
         backend=hf_backend,
         name_prefix=_unique("kit_killed"),
     )
     try:
-        rank = 1
+        rank = hf_kit_world_size - 1
         ref = group.workers[rank]
-        old_pid = group.where()[rank]["pid"]
+        pids = [w["pid"] for w in group.where()]
+        old_pid = pids[rank]
         group.execute_all_sync("record", "before the kill")
         kept = hf_backend.call(ref, "rank_and", ("kept",), {}, label=f"{ref.group}.rank_and")
         hf_backend.gather([kept])  # finished, and kept where the backend keeps results
@@ -191,6 +219,7 @@ def hf_killed_rank(hf_backend: Any) -> Iterator[KilledRank]:
             group,
             rank,
             old_pid,
+            [r for r, pid in enumerate(pids) if pid == old_pid],
             outcome,
             error,
             value,
@@ -245,15 +274,18 @@ def test_free_port_is_a_port_number(hf_backend: Any) -> None:
 # ---- the rank environment ---------------------------------------------------------------
 
 
-def test_rank_env_is_in_os_environ_in_init_and_in_every_call(hf_backend: Any, hf_kit_group):
-    group = hf_kit_group([2])
+def test_rank_env_is_in_os_environ_in_init_and_in_every_call(
+    hf_backend: Any, hf_kit_group, hf_kit_world_size: int
+) -> None:
+    n = hf_kit_world_size
+    group = hf_kit_group([n])
     for when, envs in (("__init__", group.env_at_init()), ("a call", group.env_now())):
         for rank, env in enumerate(envs):
             expected = {
                 "RANK": str(rank),
-                "WORLD_SIZE": "2",
+                "WORLD_SIZE": str(n),
                 "LOCAL_RANK": str(rank),
-                "LOCAL_WORLD_SIZE": "2",
+                "LOCAL_WORLD_SIZE": str(n),
                 "MASTER_ADDR": group.master_address,
                 "MASTER_PORT": group.master_port,
                 "WG_PREFIX": group.name_prefix,
@@ -266,8 +298,10 @@ def test_rank_env_is_in_os_environ_in_init_and_in_every_call(hf_backend: Any, hf
             )
 
 
-def test_colocated_instances_never_see_each_others_environment(hf_kit_group) -> None:
-    pool = ResourcePool([2])
+def test_colocated_instances_never_see_each_others_environment(
+    hf_kit_group, hf_kit_world_size: int
+) -> None:
+    pool = ResourcePool([hf_kit_world_size])
     a = hf_kit_group(pool, worker_env={"KIT_ROLE": "a"})
     b = hf_kit_group(pool, worker_env={"KIT_ROLE": "b", "KIT_ONLY_B": "1"})
     pending = []
@@ -307,13 +341,15 @@ def test_create_call_lookup_and_destroy_one_instance(hf_backend: Any) -> None:
         hf_backend.release(slots)
 
 
-def test_from_detached_attaches_by_name_on_the_same_backend(hf_backend: Any, hf_kit_group) -> None:
-    group = hf_kit_group([2])
+def test_from_detached_attaches_by_name_on_the_same_backend(
+    hf_backend: Any, hf_kit_group, hf_kit_world_size: int
+) -> None:
+    group = hf_kit_group([hf_kit_world_size])
     group.execute_all_sync("record", "made")
     attached = WorkerGroup.from_detached(
         name_prefix=group.name_prefix, cls_with_init=ClassWithInitArgs(Probe), backend=hf_backend
     )
-    assert attached.execute_all_sync("history") == [["made"], ["made"]]
+    assert attached.execute_all_sync("history") == [["made"]] * hf_kit_world_size
 
 
 def test_calls_on_one_instance_run_in_issue_order(hf_backend: Any, hf_kit_group) -> None:
@@ -455,38 +491,46 @@ def test_submit_runs_a_function_on_future_inputs(hf_backend: Any, hf_kit_group) 
     assert values[1] == 3
 
 
-def test_data_proto_futures_route_each_consumer_rank_only_its_rows(hf_kit_group) -> None:
-    wide = hf_kit_group([2])
+def test_data_proto_futures_route_each_consumer_rank_only_its_rows(
+    hf_kit_group, hf_kit_world_size: int
+) -> None:
+    n = hf_kit_world_size
+    wide = hf_kit_group([n])
     narrow = hf_kit_group([1])
-    batch = DataProto.from_dict({"idx": torch.arange(5)}, auto_padding=True)
+    rows = 3 * n - 1  # 3 rows a rank once padded by one row: the last rank gets 2 and a pad
+    batch = DataProto.from_dict({"idx": torch.arange(rows)}, auto_padding=True)
     first = wide.mark(batch)
     assert isinstance(first, DataProtoFuture)
-    result = get(wide.mark(narrow.mark(first)))  # 2 ranks -> 1 -> 2, worker to worker
-    assert result.batch["idx"].tolist() == [0, 1, 2, 3, 4], (
+    result = get(wide.mark(narrow.mark(first)))  # n ranks -> 1 -> n, worker to worker
+    assert result.batch["idx"].tolist() == list(range(rows)), (
         f"the chain lost or added rows: {result.batch['idx'].tolist()}"
     )
-    assert result.batch["by_rank"].tolist() == [0, 0, 0, 1, 1]
+    assert result.batch["by_rank"].tolist() == [i // 3 for i in range(rows)]
     (narrow_seen,) = narrow.execute_all_sync("history")
-    assert narrow_seen == [[0, 1, 2, 3, 4]], (
-        f"the 1-rank consumer got rows {narrow_seen}, not the 5 rows without padding"
+    assert narrow_seen == [list(range(rows))], (
+        f"the 1-rank consumer got rows {narrow_seen}, not the {rows} rows without padding"
     )
     wide_seen = wide.execute_all_sync("history")
-    assert wide_seen[0] == [[0, 1, 2], [0, 1, 2]], f"rank 0 of 2 got rows {wide_seen[0]}"
-    assert [rows[:2] for rows in wide_seen[1]] == [[3, 4], [3, 4]], (
-        f"rank 1 of 2 got rows {wide_seen[1]}: each consumer rank must get only its rows"
+    for rank, seen in enumerate(wide_seen[:-1]):
+        mine = [3 * rank, 3 * rank + 1, 3 * rank + 2]
+        assert seen == [mine, mine], f"rank {rank} of {n} got rows {seen}, not {mine} twice"
+    last = wide_seen[-1]
+    assert [got[:2] for got in last] == [[rows - 2, rows - 1]] * 2, (
+        f"rank {n - 1} of {n} got rows {last}: each consumer rank must get only its rows"
     )
-    assert all(len(rows) == 3 for rows in wide_seen[1]), "padding must even the ranks out"
+    assert all(len(got) == 3 for got in last), "padding must even the ranks out"
 
 
 def test_a_data_proto_future_passed_unmaterialized_resolves_inside_the_worker(
-    hf_kit_group,
+    hf_kit_group, hf_kit_world_size: int
 ) -> None:
-    producer = hf_kit_group([2])
+    producer = hf_kit_group([hf_kit_world_size])
     consumer = hf_kit_group([1])
-    future = producer.mark(DataProto.from_dict({"idx": torch.arange(4)}))
+    rows = 2 * hf_kit_world_size  # two rows from each producer rank
+    future = producer.mark(DataProto.from_dict({"idx": torch.arange(rows)}))
     (got,) = consumer.resolve_here(future)
     assert got["was_future"], "materialize_futures=False must hand the method the future"
-    assert got["idx"] == [0, 1, 2, 3], (
+    assert got["idx"] == list(range(rows)), (
         f"the DataProtoFuture resolved inside the worker gave rows {got['idx']}: its runner "
         "must be one that works there (DataProtoFuture.with_runner)"
     )
@@ -495,34 +539,42 @@ def test_a_data_proto_future_passed_unmaterialized_resolves_inside_the_worker(
 # ---- errors -----------------------------------------------------------------------------
 
 
-def test_method_errors_keep_their_type_and_name_group_method_and_rank(hf_kit_group) -> None:
-    group = hf_kit_group([2])
-    with pytest.raises(ValueError, match="failing on rank 1") as info:
-        group.execute_all_sync("fail", (1,))  # a tuple: every rank gets it whole
-    _assert_names_origin(info.value, group.name_prefix, "fail", 1)
+def test_method_errors_keep_their_type_and_name_group_method_and_rank(
+    hf_kit_group, hf_kit_world_size: int
+) -> None:
+    group = hf_kit_group([hf_kit_world_size])
+    last = hf_kit_world_size - 1
+    with pytest.raises(ValueError, match=f"failing on rank {last}") as info:
+        group.execute_all_sync("fail", (last,))  # a tuple: every rank gets it whole
+    _assert_names_origin(info.value, group.name_prefix, "fail", last)
 
 
-def test_gather_raises_the_first_failure_in_rank_order(hf_kit_group) -> None:
-    group = hf_kit_group([2])
-    with pytest.raises(ValueError, match="failing on rank 0"):  # rank 1 raises a KeyError
-        group.execute_all_sync("fail", (0, 1))
+def test_gather_raises_the_first_failure_in_rank_order(
+    hf_kit_group, hf_kit_world_size: int
+) -> None:
+    n = hf_kit_world_size
+    group = hf_kit_group([n])
+    first = n // 2 - 1  # rank 0 at world size 2; past it, ranks before the first succeed
+    with pytest.raises(ValueError, match=f"failing on rank {first} as asked"):  # then KeyErrors
+        group.execute_all_sync("fail", tuple(range(first, n)))
 
 
 def test_init_errors_name_the_group_and_rank_and_leave_no_instances(
-    hf_backend: Any, hf_kit_group
+    hf_backend: Any, hf_kit_group, hf_kit_world_size: int
 ) -> None:
     name = _unique("kit_init")
-    with pytest.raises(ValueError, match="__init__ fails on rank 1") as info:
-        hf_kit_group([2], fail_on_rank=1, name_prefix=name)
-    _assert_names_origin(info.value, name, "__init__", 1)
+    last = hf_kit_world_size - 1
+    with pytest.raises(ValueError, match=f"__init__ fails on rank {last} as asked") as info:
+        hf_kit_group([hf_kit_world_size], fail_on_rank=last, name_prefix=name)
+    _assert_names_origin(info.value, name, "__init__", last)
     assert hf_backend.lookup(name) == [], "a group that failed to build left instances"
 
 
 # ---- colocation and shutdown ------------------------------------------------------------
 
 
-def test_groups_on_one_pool_share_each_ranks_process(hf_kit_group) -> None:
-    pool = ResourcePool([2])
+def test_groups_on_one_pool_share_each_ranks_process(hf_kit_group, hf_kit_world_size: int) -> None:
+    pool = ResourcePool([hf_kit_world_size])
     a, b = hf_kit_group(pool), hf_kit_group(pool)
     assert [r.slot for r in a.workers] == [r.slot for r in b.workers], (
         "groups on one pool must be given the pool's slots"
@@ -628,17 +680,20 @@ def test_pools_placed_apart_live_in_distinct_processes(hf_kit_group) -> None:
 
 
 @pytest.mark.hf_processes
-def test_from_detached_attaches_from_a_second_driver(hf_kit_group, hf_second_driver) -> None:
-    group = hf_kit_group([2])
+def test_from_detached_attaches_from_a_second_driver(
+    hf_kit_group, hf_second_driver, hf_kit_world_size: int
+) -> None:
+    n = hf_kit_world_size
+    group = hf_kit_group([n])
     group.execute_all_sync("record", "from the first driver")
     attached = WorkerGroup.from_detached(
         name_prefix=group.name_prefix,
         cls_with_init=ClassWithInitArgs(Probe),
         backend=hf_second_driver,
     )
-    assert attached.world_size == 2
+    assert attached.world_size == n
     attached.execute_all_sync("record", "from the second driver")
-    expected = [["from the first driver", "from the second driver"]] * 2
+    expected = [["from the first driver", "from the second driver"]] * n
     assert group.execute_all_sync("history") == expected, (
         "a second driver's calls did not reach the first driver's instances"
     )
@@ -697,14 +752,17 @@ def test_alive_is_false_for_a_killed_workers_slot(hf_killed_rank: KilledRank) ->
 
 @pytest.mark.hf_processes
 def test_recover_rebuilds_the_killed_rank_in_a_new_process(hf_killed_rank: KilledRank) -> None:
-    group = hf_killed_rank.group
+    group, lost = hf_killed_rank.group, hf_killed_rank.lost_ranks
     outcome, value = _within(WAIT_LIMIT_S * 2, group.recover)
     assert outcome == "returned", f"recover() {outcome}: {value!r}"
-    assert value == [hf_killed_rank.rank], f"recover() rebuilt ranks {value}, not [1]"
-    where = group.where()
-    assert where[1]["pid"] != hf_killed_rank.old_pid, "rank 1 was not rebuilt in a new process"
-    assert group.execute_all_sync("history") == [["before the kill"], []], (
-        "after recover() rank 0 must keep its state and rank 1 start from __init__"
+    assert value == lost, f"recover() rebuilt ranks {value}, not {lost} (the killed process's)"
+    pids = [w["pid"] for w in group.where()]
+    stale = [r for r in lost if pids[r] == hf_killed_rank.old_pid]
+    assert not stale, f"ranks {stale} were not rebuilt in a new process"
+    wanted = [[] if r in lost else ["before the kill"] for r in range(group.world_size)]
+    assert group.execute_all_sync("history") == wanted, (
+        f"after recover() the ranks of other processes must keep their state and ranks {lost} "
+        "start from __init__"
     )
 
 
@@ -767,5 +825,6 @@ def _unique(prefix: str) -> str:
 __all__ = [
     name
     for name in list(globals())
-    if name.startswith(("test_", "hf_")) or name in ("KilledRank", "load_factory")
+    if name.startswith(("test_", "hf_"))
+    or name in ("KilledRank", "check_world_size", "load_factory")
 ]

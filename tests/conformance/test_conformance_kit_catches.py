@@ -98,3 +98,25 @@ def test_the_kit_fails_a_broken_backend_saying_what_is_wrong(
 ):
     recorder = run_kit(pytester, f"conformance_doubles:{double}", "-k", test)
     assert message in failure_text(recorder, test)
+
+
+def test_the_kit_runs_at_the_world_size_given_on_the_command_line(pytester: pytest.Pytester):
+    test = "test_method_errors_keep_their_type_and_name_group_method_and_rank"
+    recorder = run_kit(
+        pytester,
+        "conformance_doubles:UnannotatedErrorsBackend",
+        "--hf-kit-world-size=5",
+        "-k",
+        test,
+    )
+    assert "fail on rank 4 carries no note naming" in failure_text(recorder, test)  # the last
+
+
+def test_the_kit_refuses_a_world_size_below_two(pytester: pytest.Pytester):
+    test = "test_rank_env_is_in_os_environ_in_init_and_in_every_call"
+    recorder = run_kit(
+        pytester, "hybridflow_dask.backends.local:LocalBackend", "--hf-kit-world-size=1", "-k", test
+    )
+    assert "the kit's world size must be a whole number from 2, got 1" in failure_text(
+        recorder, test
+    )

@@ -9,7 +9,6 @@ autoescaping on (as Dask's own pages are made): no value reaches the page unesca
 
 from __future__ import annotations
 
-import math
 import re
 import time
 import urllib.parse
@@ -23,6 +22,19 @@ import markupsafe
 
 from ...base import InstanceRef
 from ..wire.keys import CALL_PHASES
+from .rank_view import (
+    ATTENTION_SHOWN,
+    FOLD_ABOVE,
+    PROCESSES_SHOWN,
+    RANK_WINDOW,
+    RankStats,
+    attention,
+    fold,
+    percentile,
+    rank_fields,
+    slow_ranks,
+    stats_of,
+)
 
 __all__ = [
     "PHASES",
@@ -98,14 +110,6 @@ def method_name(name: str) -> str:
     return name if is_internal(name) else name.replace(".", "_")
 
 
-def percentile(ordered: list[float], q: float) -> float | None:
-    """Nearest-rank percentile of an already sorted list (``None`` when empty)."""
-    if not ordered:
-        return None
-    index = min(len(ordered) - 1, max(0, math.ceil(q * len(ordered) - 1e-9) - 1))
-    return ordered[index]
-
-
 def _ms(seconds: float | None) -> float | None:
     return None if seconds is None else round(seconds * 1e3, 3)
 
@@ -149,6 +153,8 @@ class CallStats:
 
     def __init__(self) -> None:
         self.groups: dict[str, tuple[dict[str, MethodStats], dict[str, MethodStats]]] = {}
+        #: group -> rank -> that rank's user calls (what the page folds and ranks by).
+        self.ranks: dict[str, dict[Any, RankStats]] = {}
 
     def get(self, group: str, name: str, internal: bool) -> MethodStats:
         methods, inner = self.groups.setdefault(group, ({}, {}))
@@ -179,11 +185,19 @@ class CallStats:
             stats.last_error = {"rank": rank, "time": when, **error}
         if rank is not None and when is not None:
             stats.finished_at[rank] = when
+        if rank is not None and not internal:
+            try:
+                per_rank = self.ranks.setdefault(group, {}).setdefault(rank, RankStats())
+            except TypeError:  # an unhashable rank from a malformed event: no statistics
+                return
+            per_rank.finished(name, phases.get("run"), error, when)
 
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the groups ``keep`` rejects (shut down), so a long-lived scheduler stays small."""
         for group in [g for g in self.groups if not keep(g)]:
             del self.groups[group]
+        for group in [g for g in self.ranks if not keep(g)]:
+            del self.ranks[group]
 
     def method(self, group: str, name: str) -> MethodStats | None:
         return self.groups.get(group, ({}, {}))[0].get(name)
@@ -275,25 +289,32 @@ def group_view(
     now: float = 0.0,
 ) -> dict[str, Any]:
     """One group as the page shows it; ``workers`` maps the addresses of workers now up to
-    what the scheduler knows of them (``name``, ``pid``)."""
+    what the scheduler knows of them (``name``, ``pid``).
+
+    ``ranks`` lists every rank; ``hosts`` folds them per host and worker process, and
+    ``attention`` names the ranks the page lists first (``rank_view``).
+    """
     refs = sorted(refs, key=_rank_order)
     pending = []
+    by_rank: dict[str, list[dict[str, Any]]] = {}
     for call in inflight:
         started = call["started"]
-        pending.append(
-            {
-                "rank": call["rank"],
-                "method": call["method"],
-                "state": call["state"],
-                "seconds": round(now - (started if started is not None else call["since"]), 3),
-                "straggler": straggling(call, stats.method(name, call["method"]), now),
-            }
-        )
+        entry = {
+            "rank": call["rank"],
+            "method": call["method"],
+            "state": call["state"],
+            "seconds": round(now - (started if started is not None else call["since"]), 3),
+            "straggler": straggling(call, stats.method(name, call["method"]), now),
+        }
+        pending.append(entry)
+        by_rank.setdefault(repr(call["rank"]), []).append(entry)
     pending.sort(key=lambda c: (c["method"], repr(c["rank"])))
     counts: dict[str, int] = {}
     for call in pending:
         counts[call["method"]] = counts.get(call["method"], 0) + 1
     methods, internal = stats.tables(name, counts)
+    rank_stats = stats.ranks.get(name, {})
+    slow = slow_ranks(rank_stats)
     ranks = []
     for r in refs:
         seen = workers.get(r.slot.address)
@@ -306,14 +327,19 @@ def group_view(
                 "pid": (seen or {}).get("pid"),
                 "device": r.slot.device,
                 "alive": seen is not None,
-                "pending": [c for c in pending if c["rank"] == r.rank],
+                "pending": by_rank.get(repr(r.rank), []),
+                **rank_fields(stats_of(rank_stats, r.rank)),
+                "slow": stats_of(slow, r.rank),
             }
         )
     return {
         "name": name,
         "class": next((r.cls_name for r in refs if r.cls_name), ""),
         "world_size": len(refs),
+        "folded": len(refs) > FOLD_ABOVE,
         "ranks": ranks,
+        "attention": attention(ranks),
+        "hosts": fold(ranks, rank_stats),
         "pending": pending,
         "methods": methods,
         "internal": internal,
@@ -367,6 +393,10 @@ td.mono { font-family: ui-monospace, Menlo, monospace; font-size: 13px; }
 .run { color: #1f6fb2; font-weight: 600; }
 .slow { color: #b35c00; font-weight: 700; }
 .muted { color: #9aa5b1; }
+.ok { color: #1b873f; margin: 4px 0 10px; }
+table.attention { margin-bottom: 12px; }
+tr.host td { background: #f9fafb; font-weight: 600; }
+tr.proc td:first-child { padding-left: 24px; }
 .nowrap { white-space: nowrap; }
 .lasterr td { border-bottom: 1px solid #e4e7eb; color: #8a1c1c; font-size: 12px;
               padding-top: 0; }
@@ -409,6 +439,76 @@ _TEMPLATE = """\
 <p class="muted">no calls yet</p>
 {% endif %}
 {% endmacro %}
+{% macro worker_links(address, title, alive) %}
+{%- if alive %}<a href="{{ info_url }}worker/{{ address|quote }}.html"
+ title="{{ title }}">{{ address }}</a>&nbsp;&middot;
+<a href="{{ info_url }}logs/{{ address|quote }}.html">logs</a>
+{%- else %}{{ address }}{% endif %}
+{%- endmacro %}
+{% macro pending_call(c) -%}
+<span class="{{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
+{{ c["state"] }} {{ c["seconds"]|seconds }}{% if c["straggler"] %} straggler{% endif %}</span>
+{%- endmacro %}
+{% macro fold_cells(f) %}
+<td class="num">{{ f["ranks"] }}</td><td class="num">
+{%- if f["dead"] %}<span class="err">{{ f["alive"] }}</span>{% else %}{{ f["alive"] }}{% endif -%}
+</td><td class="num">{{ f["calls"] }}</td><td class="num">
+{%- if f["errors"] %}<span class="err">{{ f["errors"] }}</span>{% else %}0{% endif -%}
+</td><td class="num">
+{%- if f["pending"] %}<span class="run">{{ f["pending"] }}</span>{% else %}0{% endif -%}
+</td><td class="num">{{ ms(f["p50_ms"]) }}</td><td class="num">{{ ms(f["p99_ms"]) }}</td>
+{% endmacro %}
+{% macro folded_ranks(group) %}
+{% set dead, more_dead = dead_processes(group) %}
+{% set listed, more = attention_rows(group) %}
+{% for w in dead %}
+<p class="err">dead: worker {{ w["address"] }} ({{ w["worker_name"] }}) on {{ w["host"] }},
+ranks {{ w["first_rank"] }}{% if w["ranks"] > 1 %}&ndash;{{ w["last_rank"] }}{% endif %}</p>
+{% endfor %}
+{% if more_dead %}<p class="err">and {{ more_dead }} more dead worker processes</p>{% endif %}
+{% if listed %}
+<table class="attention"><tr><th class="num">rank</th><th>why first</th><th>worker</th>
+<th class="num">pid</th></tr>
+{% for r in listed %}
+<tr><td class="num">{{ r["rank"] }}</td><td>
+{% for e in r["failing"] %}<span class="err">{{ e["method"] }} failed</span>
+({{ e["time"]|clock }}): {{ e["type"] }}: {{ e["message"]|truncate(160) }}<br>
+{% endfor %}
+{% for c in r["pending"] %}{{ pending_call(c) }}<br>
+{% endfor %}
+{% if r["slow"] %}{% set w = r["slow"] %}<span class="slow">slow {{ w["method"] }}</span>:
+p50 {{ w["p50_ms"]|ms }} ms, the ranks' p50 {{ w["ranks_p50_ms"]|ms }} ms<br>{% endif %}
+</td><td class="mono nowrap">{{ worker_links(r["address"], r["worker_name"], r["alive"]) }}</td>
+<td class="num">{{ r["pid"] if r["pid"] is not none else "-" }}</td></tr>
+{% endfor %}
+</table>
+{% if more %}
+<p class="muted">and {{ more }} more ranks to look at: every rank is in the
+<a href="{{ json_url }}">JSON</a></p>
+{% endif %}
+{% elif not dead %}
+<p class="ok">all {{ group["world_size"] }} ranks alive: no failing method, no straggler,
+no slow rank</p>
+{% endif %}
+{% set processes = group["hosts"]|sum(attribute="processes") %}
+<table class="folds"><tr><th>host / worker process</th><th class="num">ranks</th>
+<th class="num">alive</th><th class="num">calls</th><th class="num">errors</th>
+<th class="num">pending</th><th class="num">run p50</th><th class="num">run p99</th></tr>
+{% for h in group["hosts"] %}
+<tr class="host"><td class="mono">{{ h["host"] }}
+<span class="muted">{{ h["processes"] }} process{{ "es" if h["processes"] != 1 }}</span></td>
+{{ fold_cells(h) }}</tr>
+{% if processes <= processes_shown %}{% for w in h["workers"] %}
+<tr class="proc"><td class="mono nowrap">{{ worker_links(w["address"], w["worker_name"],
+w["alive"]) }} &middot; pid {{ w["pid"] if w["pid"] is not none else "-" }} &middot;
+ranks {{ w["first_rank"] }}{% if w["ranks"] > 1 %}&ndash;{{ w["last_rank"] }}{% endif %}</td>
+{{ fold_cells(w) }}</tr>
+{% endfor %}{% endif %}
+{% endfor %}
+</table>
+<p class="muted">run p50/p99: each rank's last {{ rank_window }} runs per method
+(construction left out); ms</p>
+{% endmacro %}
 <!DOCTYPE html><html><head><meta charset='utf-8'>
 <meta http-equiv="refresh" content="{{ refresh_s }}">
 <title>hybridflow worker groups</title>
@@ -430,25 +530,21 @@ _TEMPLATE = """\
 {%- if dead_ranks %}<span class="badge dead">{{ dead_ranks }} dead</span>{% endif %}
 {%- if slow %}<span class="badge slow">{{ slow }} straggling</span>{% endif %}</h2>
 <div class="cols"><div><h3>Ranks</h3>
+{% if group["folded"] %}{{ folded_ranks(group) }}{% else %}
 <table><tr><th class="num">rank</th><th>worker</th><th class="num">pid</th><th>host</th>
 <th>device</th><th>state</th><th>now</th></tr>
 {% for r in group["ranks"] %}
 {% set state = "alive" if r["alive"] else "dead" %}
 <tr><td class="num">{{ r["rank"] }}</td>
-<td class="mono nowrap">{% if r["alive"] %}
-<a href="{{ info_url }}worker/{{ r["address"]|quote }}.html"
- title="{{ r["worker_name"] }}">{{ r["address"] }}</a>&nbsp;&middot;
-<a href="{{ info_url }}logs/{{ r["address"]|quote }}.html">logs</a>
-{%- else %}{{ r["address"] }}{% endif %}</td>
+<td class="mono nowrap">{{ worker_links(r["address"], r["worker_name"], r["alive"]) }}</td>
 <td class="num">{{ r["pid"] if r["pid"] is not none else "-" }}</td>
 <td>{{ r["host"] }}</td><td>{{ r["device"] }}</td>
 <td><span class="{{ state }}">{{ state }}</span></td><td>
-{% for c in r["pending"] %}
-<span class="{{ 'slow' if c['straggler'] else 'run' }}">{{ c["method"] }}
-{{ c["state"] }} {{ c["seconds"]|seconds }}{% if c["straggler"] %} straggler{% endif %}</span><br>
+{% for c in r["pending"] %}{{ pending_call(c) }}<br>
 {% else %}<span class="muted">idle</span>{% endfor %}</td></tr>
 {% endfor %}
-</table></div><div><h3>Methods (per rank call, ms)</h3>
+</table>
+{% endif %}</div><div><h3>Methods (per rank call, ms)</h3>
 {{ method_table(group["methods"], true) }}
 {% if group["internal"] %}
 <details><summary>routing and bookkeeping tasks</summary>
@@ -495,7 +591,27 @@ def _environment() -> jinja2.Environment:
     return env
 
 
-_PAGE = _environment().from_string(_TEMPLATE)
+def _dead_processes(group: Mapping[str, Any]) -> tuple[list[dict], int]:
+    """The group's worker processes with dead ranks (a death takes all of a process's
+    ranks: one line each), the first ``ATTENTION_SHOWN``, and how many more there are."""
+    dead = [{**w, "host": h["host"]} for h in group["hosts"] for w in h["workers"] if w["dead"]]
+    return dead[:ATTENTION_SHOWN], max(0, len(dead) - ATTENTION_SHOWN)
+
+
+def _attention_rows(group: Mapping[str, Any]) -> tuple[list[dict], int]:
+    """The live ranks to list first (dead ones are on their process's line), the first
+    ``ATTENTION_SHOWN``, and how many more there are."""
+    rows = [group["ranks"][a["index"]] for a in group["attention"] if "dead" not in a["reasons"]]
+    return rows[:ATTENTION_SHOWN], max(0, len(rows) - ATTENTION_SHOWN)
+
+
+def _page_template() -> jinja2.Template:
+    env = _environment()
+    env.globals.update(dead_processes=_dead_processes, attention_rows=_attention_rows)
+    return env.from_string(_TEMPLATE)
+
+
+_PAGE = _page_template()
 
 
 def render_html(
@@ -523,6 +639,8 @@ def render_html(
         info_url=info_url,
         refresh_s=int(refresh_s),
         split_phases=[phase for phase in PHASES if phase != "run"],
+        processes_shown=PROCESSES_SHOWN,
+        rank_window=RANK_WINDOW,
         style=markupsafe.Markup(_STYLE),
     )
 
