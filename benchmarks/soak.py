@@ -25,9 +25,10 @@ suite's smoke test, which asserts that nothing is left. Writes ``soak.json`` int
 ``_custom`` mark the other options) goes to ``benchmarks/results/scratch/``, which git
 ignores, unless ``--out`` names a folder.
 Growth that stops is not a leak: Dask keeps bounded histories that every call adds to
-(the task stream, 100,000 records, which the dashboard feeds with direct calls too;
+(the task stream, ``hybridflow.task-stream-length`` records (10,000; Dask's default is
+100,000), which the dashboard feeds with direct calls too;
 ``key_split``'s cache of 100,000 keys; 1,000 recent messages per batched stream), so
-``--config distributed.scheduler.dashboard.tasks.task-stream-length=1000 --config
+``--config hybridflow.task-stream-length=1000 --config
 distributed.admin.low-level-log-length=10`` shows what remains without them, and
 ``--noop-calls 80000`` how far the histories grow before they stop.
 """

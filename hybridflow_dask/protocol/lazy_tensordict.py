@@ -4,15 +4,34 @@ Importing tensordict imports ``torch._dynamo`` (about 2 s of CPU here, more than
 itself), and every Dask worker imports this package as it starts. Code that never
 touches a TensorDict (a group's control calls, the CLI, a worker that has not received a
 DataProto yet) should not wait for it.
+
+A process that hosts instances will receive DataProtos, though, and the first one it
+decodes pays the import wherever the decoding happens: on a Dask worker that is often the
+worker's event loop (Dask's own gather, e.g. a ``materialize_futures=False`` rank
+resolving its future), stalled for seconds (up to ~9 s with two fresh workers importing
+at once on a busy 2-core machine) with every comm of the worker. So a process that
+starts hosting an instance calls ``import_soon`` (the import runs on a thread of its own,
+next to the instance's ``__init__``) and the instance counts as built once
+``wait_imported`` returns: the cost moves from the first batch to the group's creation.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import sys
+import threading
 from typing import Any
 
-__all__ = ["is_tensordict", "tensordict"]
+__all__ = ["import_soon", "is_tensordict", "tensordict"]
+
+logger = logging.getLogger(__name__)
+
+#: How long a construction waits for the background import (then decoding pays the rest).
+IMPORT_WAIT_S = 120.0
+
+_started = threading.Lock()  # held for good by the first import_soon
+_done = threading.Event()
 
 
 class _OnFirstUse:
@@ -31,3 +50,25 @@ def is_tensordict(value: Any) -> bool:
     """``value`` is a TensorDict, asked without importing tensordict: if no code imported it
     yet, nothing can be one."""
     return "tensordict" in sys.modules and isinstance(value, tensordict.TensorDictBase)
+
+
+def import_soon() -> None:
+    """Start importing tensordict on a background thread, once per process."""
+    if not _started.acquire(blocking=False):
+        return
+    threading.Thread(target=_import, name="hf-import-tensordict", daemon=True).start()
+
+
+def wait_imported(timeout: float = IMPORT_WAIT_S) -> None:
+    """Return once ``import_soon``'s import has ended (at once if none was started)."""
+    if _started.locked():
+        _done.wait(timeout)
+
+
+def _import() -> None:
+    try:
+        importlib.import_module("tensordict")
+    except BaseException as exc:  # its first real use raises it again, where it is seen
+        logger.debug("importing tensordict in the background failed: %r", exc)
+    finally:
+        _done.set()

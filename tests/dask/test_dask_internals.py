@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import time
 
+import dask
 from distributed import get_client
 
 from hybridflow_dask.backends.dask.internals import adopt_future
@@ -210,6 +211,7 @@ def _scheduler_side(dask_scheduler):
         "published": sorted(k for k in published_datasets(dask_scheduler) if k.startswith("can")),
         "startstops": [s["action"] for s in record["startstops"]],
         "worker": record["worker"],
+        "fields": sorted(record),
     }
 
 
@@ -224,7 +226,21 @@ def test_the_scheduler_side_helpers_read_datasets_and_draw_in_the_task_stream(hf
         "published": ["canary"],
         "startstops": ["transfer", "compute"],
         "worker": "tcp://w:1",
+        "fields": ["key", "nbytes", "startstops", "status", "thread", "worker"],
     }
+
+
+def _stream_length(dask_scheduler):
+    from distributed.diagnostics.task_stream import TaskStreamPlugin
+
+    return dask_scheduler.plugins[TaskStreamPlugin.name].buffer.maxlen
+
+
+def test_the_task_stream_the_monitor_starts_keeps_hybridflows_bound(hf_dask_backend):
+    """Every direct call adds a record: the stream keeps ``hybridflow.task-stream-length``
+    of them (the shipped default), not Dask's 100,000."""
+    assert dask.config.get("hybridflow.task-stream-length") == 10_000
+    assert hf_dask_backend.client.run_on_scheduler(_stream_length) == 10_000
 
 
 def test_a_page_added_to_the_dashboards_navigation_shows_on_dasks_pages(hf_dask_backend):

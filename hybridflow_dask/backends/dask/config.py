@@ -26,6 +26,7 @@ __all__ = [
     "scatter_threshold",
     "share_colocated_inputs",
     "socket_lane",
+    "task_stream_length",
     "unreachable_timeout",
 ]
 
@@ -146,3 +147,9 @@ def device_transfer(value: str | None = None) -> str:
             "dask.config.set({'hybridflow.device-transfer': 'device'})"
         )
     return route
+
+
+def task_stream_length() -> int | None:
+    """How many records a task stream the monitor starts keeps (``task-stream-length``)."""
+    value = dask.config.get("hybridflow.task-stream-length", None)
+    return None if value is None else int(value)

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import socket
 import struct
+import sys
 from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
@@ -147,11 +148,12 @@ def published_datasets(scheduler: Any) -> dict[Any, Any]:
     return publish.datasets if publish is not None else {}
 
 
-def keep_task_stream(scheduler: Any) -> None:
+def keep_task_stream(scheduler: Any, maxlen: int | None = None) -> None:
     """Start the task stream's records now (the dashboard starts them when it first draws
-    the stream), so calls made before anyone opened the page are in it."""
+    the stream), so calls made before anyone opened the page are in it; ``maxlen`` records
+    at most (``None``: Dask's own task-stream lengths)."""
     if TaskStreamPlugin.name not in scheduler.plugins:
-        scheduler.add_plugin(TaskStreamPlugin(scheduler))
+        scheduler.add_plugin(TaskStreamPlugin(scheduler, maxlen=maxlen))
 
 
 def record_finished_task(
@@ -166,7 +168,13 @@ def record_finished_task(
 ) -> None:
     """Add a finished task's record to the task stream, as if the scheduler had seen it:
     ``spans`` are ``(action, start, stop)`` with Dask's actions (``compute``,
-    ``transfer``, ...), drawn in Dask's colours. A call that was no task is drawn this way."""
+    ``transfer``, ...), drawn in Dask's colours. A call that was no task is drawn this way.
+
+    The record holds what the stream draws and ``get_task_stream`` reports (key, worker,
+    thread, spans, status, bytes), the worker's address shared between records: every
+    call adds one, so the fields a task's record also has (``metadata``, a stimulus id)
+    would be megabytes over a long run.
+    """
     stream = scheduler.plugins.get(TaskStreamPlugin.name)
     if stream is None:
         return
@@ -174,13 +182,11 @@ def record_finished_task(
         key,
         "processing",
         "memory" if ok else "erred",
-        worker=worker,
-        thread=thread,
+        worker=sys.intern(worker),
+        thread=sys.intern(thread),
         startstops=tuple({"action": a, "start": b, "stop": c} for a, b, c in spans),
         status="OK" if ok else "error",
         nbytes=nbytes,
-        metadata={},
-        stimulus_id=f"hybridflow-{key}",
     )
 
 

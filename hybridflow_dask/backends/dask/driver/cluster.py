@@ -17,6 +17,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
+from ..config import task_stream_length
 from ..internals import owned_cluster_class
 from ..wire.device_route import DEVICE_COMMS, ucx_available
 
@@ -91,22 +92,20 @@ def probe_local_cluster() -> ClusterChoice:
 WORKER_PREFIX = "hf-slot-"
 
 
-#: Task-stream records the scheduler of a cluster the backend starts keeps.
-TASK_STREAM_LENGTH = 10_000
-
-
 def owned_settings() -> dict[str, Any]:
     """Dask settings for a cluster the backend starts (and its scheduler's plugins).
 
     The task stream keeps a record per call (direct calls too): Dask's default of 100,000
     records grew the driver by ~250 MiB in a long run (the scheduler lives in the driver's
-    process); 10,000 keep the last minutes of a busy run.
+    process), so it keeps ``hybridflow.task-stream-length`` (10,000 by default: the last
+    minutes of a busy run), as the group monitor does on any cluster.
     """
-    return {
-        "distributed.scheduler.no-workers-timeout": "3s",
-        "distributed.scheduler.dashboard.status.task-stream-length": TASK_STREAM_LENGTH,
-        "distributed.scheduler.dashboard.tasks.task-stream-length": TASK_STREAM_LENGTH,
-    }
+    settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s"}
+    length = task_stream_length()
+    if length is not None:
+        settings["distributed.scheduler.dashboard.status.task-stream-length"] = length
+        settings["distributed.scheduler.dashboard.tasks.task-stream-length"] = length
+    return settings
 
 
 def start_local_cluster(

@@ -40,6 +40,7 @@ from distributed.protocol import deserialize
 from tornado.web import RedirectHandler, RequestHandler, url
 
 from ...base import InstanceRef
+from ..config import task_stream_length
 from ..internals import (
     add_dashboard_page,
     keep_task_stream,
@@ -99,7 +100,7 @@ class GroupMonitor(SchedulerPlugin):
             self.add_worker(scheduler, address)
         # The dashboard adds this plugin when its task stream is first drawn; adding it now
         # (as the dashboard does) also keeps the direct calls made before that.
-        keep_task_stream(scheduler)
+        keep_task_stream(scheduler, task_stream_length())
 
     # -- what the scheduler tells us ------------------------------------------------------
 
