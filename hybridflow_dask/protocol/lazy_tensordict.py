@@ -11,8 +11,10 @@ worker's event loop (Dask's own gather, e.g. a ``materialize_futures=False`` ran
 resolving its future), stalled for seconds (up to ~9 s with two fresh workers importing
 at once on a busy 2-core machine) with every comm of the worker. So a process that
 starts hosting an instance calls ``import_soon`` (the import runs on a thread of its own,
-next to the instance's ``__init__``) and the instance counts as built once
-``wait_imported`` returns: the cost moves from the first batch to the group's creation.
+next to the instance's ``__init__``, which does not wait for it: a group of control calls
+is ready as soon as before), and code that is about to decode a batch on an event loop
+first waits for that import off the loop (``wait_imported``, in a thread): the loop
+keeps serving its comms meanwhile, and by the first batch the import is usually done.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ import sys
 import threading
 from typing import Any
 
-__all__ = ["import_soon", "is_tensordict", "tensordict"]
+__all__ = ["import_soon", "imported", "is_tensordict", "tensordict", "wait_imported"]
 
 logger = logging.getLogger(__name__)
 
@@ -57,6 +59,11 @@ def import_soon() -> None:
     if not _started.acquire(blocking=False):
         return
     threading.Thread(target=_import, name="hf-import-tensordict", daemon=True).start()
+
+
+def imported() -> bool:
+    """Whether tensordict is imported here (and no background import is still going)."""
+    return "tensordict" in sys.modules and (_done.is_set() or not _started.locked())
 
 
 def wait_imported(timeout: float = IMPORT_WAIT_S) -> None:

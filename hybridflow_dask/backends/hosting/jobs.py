@@ -11,7 +11,6 @@ from __future__ import annotations
 import inspect
 from typing import Any, Protocol
 
-from ...protocol.lazy_tensordict import wait_imported
 from ..base import InstanceRef
 from .copies import CopyPolicy
 from .failures import annotate_error, explain_init_error
@@ -39,12 +38,7 @@ class Record(Protocol):
 
 
 class Construct:
-    """The job that builds an instance.
-
-    It is done once the process's tensordict import, started as the instance was added,
-    has ended too (``lazy_tensordict``): the instance's first batch is then decoded at
-    once, not after seconds of importing on whichever thread received it.
-    """
+    """The job that builds an instance."""
 
     method = "__init__"
 
@@ -60,7 +54,6 @@ class Construct:
             hosted.obj = self.cls(*self.args, **self.kwargs)
         except BaseException as exc:
             raise annotate_error(explain_init_error(exc), hosted.ref, "__init__")  # noqa: B904
-        wait_imported()
 
 
 class Invoke:

@@ -138,7 +138,7 @@ class Instances:
 
     def add(self, ref: InstanceRef, env: dict[str, str]) -> Actor:
         """A new actor for ``ref`` (replacing one under the same key)."""
-        import_soon()  # batches will come here: see lazy_tensordict (Construct waits)
+        import_soon()  # batches will come here: see lazy_tensordict
         actor = Actor(ref, env, self.gate, self._enter)
         with self._lock:
             old = self._actors.pop(ref.key, None)

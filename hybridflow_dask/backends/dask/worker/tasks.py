@@ -13,6 +13,7 @@ from typing import Any
 
 from distributed import Future, get_client, get_worker, rejoin, secede
 
+from ....protocol.lazy_tensordict import wait_imported
 from ...base import InstanceRef
 from ...hosting import Call, Instances, find_free_port
 from ..internals import adopt_future
@@ -114,7 +115,9 @@ class WorkerRunner:
         return _client().submit(fn, *args, pure=False, key=task_key(label), **options)
 
     def gather(self, futures: Any) -> list[Any]:
-        # Futures unpickled with a call are bound to no client: adopt them by key.
+        # Futures unpickled with a call are bound to no client: adopt them by key. The
+        # rows are decoded on the worker's loop: tensordict's import must not happen there.
+        wait_imported()
         client = _client()
         return client.gather([adopt_future(client, f.key) for f in futures], direct=True)
 
