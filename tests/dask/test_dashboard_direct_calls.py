@@ -189,3 +189,18 @@ def test_the_stream_draws_only_the_run_as_compute_and_inputs_and_reply_as_transf
     assert split["inputs"] == pytest.approx(100.0, abs=1e-3)
     assert split["queue"] == pytest.approx(200.0, abs=1e-3)
     assert split["reply"] == pytest.approx(100.0, abs=1e-3)
+
+
+def test_a_flood_of_calls_is_all_counted_but_drawn_only_up_to_the_streams_budget(
+    hf_dask_cluster, client, group
+):
+    from hybridflow_dask.backends.dask.scheduler.dashboard import STREAM_BARS_PER_S
+
+    name, workers = group
+    t0 = time.time()
+    flood = [call(name, "flood", 0, t0 + i * 1e-4, 5e-5) for i in range(3 * STREAM_BARS_PER_S)]
+    client.run(emit, flood, workers=[workers[0]])
+    assert wait_for_calls(hf_dask_cluster, name, "flood", len(flood))["calls"] == len(flood)
+    keys = {c["key"] for c in flood}
+    drawn = [r for r in client.get_task_stream() if r["key"] in keys]
+    assert 0 < len(drawn) <= STREAM_BARS_PER_S + 1  # the rest were counted, not drawn

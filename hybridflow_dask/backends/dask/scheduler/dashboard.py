@@ -91,6 +91,7 @@ class GroupMonitor(SchedulerPlugin):
         self._decoded: dict[str, tuple[Any, list[InstanceRef]]] = {}
         #: address -> what the page shows of a worker; kept after it leaves, for its events.
         self._workers: dict[str, dict[str, Any]] = {}
+        self._drawn = StreamBudget(STREAM_BARS_PER_S)
 
     async def start(self, scheduler: Any) -> None:
         self.scheduler = scheduler
@@ -112,6 +113,7 @@ class GroupMonitor(SchedulerPlugin):
     def remove_worker(self, scheduler: Any, worker: str, **kwargs: Any) -> None:
         """A worker left: each rank it hosted, with the calls it had in flight, is an event."""
         lost = self.inflight.lost(worker)
+        self._drawn.forget(worker)
         seen = self._workers.pop(worker, {})
         who = f"worker {seen.get('name', worker)} (pid {seen.get('pid', '?')})"
         now = time.time()
@@ -183,8 +185,8 @@ class GroupMonitor(SchedulerPlugin):
                 worker=call["worker"],
                 **error,
             )
-        if call["path"] != "task":  # a task's own record is already in the stream
-            self._to_task_stream(call)
+        if call["path"] != "task" and self._drawn.take(call["worker"], now):
+            self._to_task_stream(call)  # (a task's own record is already in the stream)
 
     def _driver_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -278,6 +280,34 @@ class GroupMonitor(SchedulerPlugin):
         }
         found = locate(label, real.__contains__)
         return None if found is None else (real[found[0]], *found[1:])
+
+
+#: The most direct calls of one worker drawn in Dask's task stream per second. Every call
+#: counts on the page; beyond this the stream could not show them apart anyway (a
+#: thousand no-op bars a second on one row are one smear), while each drawn bar costs the
+#: scheduler a record (hundreds of ranks calling at once are hundreds of bars per call).
+STREAM_BARS_PER_S = 200
+
+
+class StreamBudget:
+    """How many calls each worker may still have drawn now: ``rate`` a second, refilled as
+    time passes (a burst of up to one second's worth at once)."""
+
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+        self._left: dict[str, tuple[float, float]] = {}  # worker -> (tokens, when)
+
+    def take(self, worker: str, now: float) -> bool:
+        tokens, when = self._left.get(worker, (self.rate, now))
+        tokens = min(self.rate, tokens + (now - when) * self.rate)
+        if tokens < 1:
+            self._left[worker] = (tokens, now)
+            return False
+        self._left[worker] = (tokens - 1, now)
+        return True
+
+    def forget(self, worker: str) -> None:
+        self._left.pop(worker, None)
 
 
 #: The most lost calls one event adds to a method's counts (a bound on a malformed event).
