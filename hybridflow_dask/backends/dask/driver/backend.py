@@ -833,7 +833,11 @@ def _for_worker(values: Any) -> Any:
     """Arguments as a rank receives them: a ``DataProtoFuture`` resolves through the worker."""
 
     if isinstance(values, dict):
+        if not any(isinstance(v, DataProtoFuture) for v in values.values()):
+            return values  # the common case: nothing to change, no copy of the dict
         return {k: _worker_view(v) for k, v in values.items()}
+    if not any(isinstance(v, DataProtoFuture) for v in values):
+        return values
     return tuple(_worker_view(v) for v in values)
 
 

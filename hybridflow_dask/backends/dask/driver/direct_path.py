@@ -235,21 +235,22 @@ class DirectPath:
         """The message for one rank's part of a call, its future in ``future``. Ranks
         given the very same argument objects share one packing of them."""
         ref, key = call.ref, task_key(label)
-        args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
-        if plain_call(args, kwargs):  # travel inside the message as they are
-            packed_args, packed_kwargs = args, kwargs
-        else:
-            packed = shared.get(call.args, call.kwargs) if not inputs else None
-            if packed is None:
+        made = shared.get(call.args, call.kwargs)
+        if made is None:
+            args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
+            known = _nested_futures(args) + _nested_futures(kwargs)
+            if plain_call(args, kwargs):  # travel inside the message as they are
+                packed: tuple[Any, Any] = (args, kwargs)
+            else:
                 packed = (
                     pack(args, f"the arguments of {label} for rank {ref.rank}"),
                     pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}"),
                 )
                 if not blocking:  # sent after this returns: the caller may change them meanwhile
                     packed = (own_frames(packed[0]), own_frames(packed[1]))
-                if not inputs:
-                    shared.keep(call.args, call.kwargs, packed)
-            packed_args, packed_kwargs = packed
+            made = shared.keep(call.args, call.kwargs, (packed, inputs, known))
+        (packed_args, packed_kwargs), inputs, known = made
+        if isinstance(packed_args, Serialized):
             sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
             with self._lock:
                 self._counts["scattered"] += sent
@@ -272,7 +273,7 @@ class DirectPath:
             "deadline": deadline,
         }
         message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, future)
-        message.known = _nested_futures(args) + _nested_futures(kwargs)
+        message.known = known
         return message
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
@@ -741,25 +742,26 @@ def _batch_msg(messages: list[_Message], method: str, deadline: float | None) ->
 
 
 class _Shared:
-    """The packing of the last argument objects seen, for ranks given the same ones
-    (``ONE_TO_ALL`` hands every rank the very same objects)."""
+    """What was made of the last argument objects seen (their packing, input futures),
+    for ranks given the very same ones (``ONE_TO_ALL`` hands every rank the same)."""
 
-    __slots__ = ("args", "kwargs", "packed")
+    __slots__ = ("args", "kwargs", "made")
 
     def __init__(self) -> None:
         self.args: tuple | None = None
         self.kwargs: dict | None = None
-        self.packed: tuple[Any, Any] | None = None
+        self.made: Any = None
 
-    def get(self, args: tuple, kwargs: dict) -> tuple[Any, Any] | None:
+    def get(self, args: tuple, kwargs: dict) -> Any:
         if self.args is None or self.kwargs is None:
             return None
         if _same(args, self.args) and _same(kwargs, self.kwargs):
-            return self.packed
+            return self.made
         return None
 
-    def keep(self, args: tuple, kwargs: dict, packed: tuple[Any, Any]) -> None:
-        self.args, self.kwargs, self.packed = args, kwargs, packed
+    def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
+        self.args, self.kwargs, self.made = args, kwargs, made
+        return made
 
 
 def _same(a: Any, b: Any) -> bool:

@@ -135,20 +135,11 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     the caller keeps them alive, and unchanged, until the reader says it has copied them.
     """
     frames: list[Any] = []
-
-    def framed(values: dict, top: bool) -> dict:
-        meta: dict[str, Any] = {}
-        for name, value in values.items():
-            if isinstance(value, Serialized):
-                meta[name] = Framed(value.header, len(value.frames))
-                frames.extend(value.frames)
-            elif top and type(value) is list:  # a batch's calls or replies
-                meta[name] = [framed(v, False) if type(v) is dict else v for v in value]
-            else:
-                meta[name] = value
-        return meta
-
-    body = pickle.dumps(framed(msg, True), protocol=pickle.HIGHEST_PROTOCOL)
+    meta = _framed(msg, frames)
+    for name, value in meta.items():
+        if type(value) is list and any(type(v) is dict for v in value):  # a batch's parts
+            meta[name] = [_framed(v, frames) if type(v) is dict else v for v in value]
+    body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = [memoryview(f).nbytes for f in frames]
     left = [leave_in_place and size >= LEAVE_MIN for size in sizes]
     lengths = [size | _LEFT if keep else size for size, keep in zip(sizes, left)]
@@ -170,6 +161,21 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     if small:
         write(b"".join(small))
     return [frame for frame, keep in zip(frames, left) if keep]
+
+
+def _framed(values: dict, frames: list[Any]) -> dict[str, Any]:
+    """``values`` with each ``Serialized`` one replaced by its ``Framed`` stand-in, its
+    frames appended to ``frames``. (A plain function: a nested one calling itself is a
+    reference cycle, which would keep the frames, views of tensors' memory, alive until
+    the garbage collector, and have it release them in any order.)"""
+    meta: dict[str, Any] = {}
+    for name, value in values.items():
+        if isinstance(value, Serialized):
+            meta[name] = Framed(value.header, len(value.frames))
+            frames += value.frames
+        else:
+            meta[name] = value
+    return meta
 
 
 @dataclass(frozen=True)
@@ -269,13 +275,12 @@ def read_message(
 
 
 def _framed_values(msg: dict) -> list[Framed]:
-    """The ``Framed`` values of a message in the order their frames follow it: its own,
-    then those of the dicts in its lists (a batch's calls or replies), as written."""
-    found = []
+    """The ``Framed`` values of a message in the order their frames follow it (as
+    ``write_message`` writes them): its own, then those of the dicts in its lists (a
+    batch's calls or replies)."""
+    found = [value for value in msg.values() if isinstance(value, Framed)]
     for value in msg.values():
-        if isinstance(value, Framed):
-            found.append(value)
-        elif type(value) is list:
+        if type(value) is list:
             for item in value:
                 if type(item) is dict:
                     found += [v for v in item.values() if isinstance(v, Framed)]
