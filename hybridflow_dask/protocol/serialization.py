@@ -172,7 +172,7 @@ def _writable_bytes(frame: Any, nbytes: int, alignment: int) -> memoryview:
     if view.readonly or _address(view) % alignment:
         out = take(nbytes)
         out[:] = np.frombuffer(view, np.uint8)
-        view = memoryview(out)
+        view = memoryview(cast(Any, out))  # numpy types its buffer for 3.12+ only
     return view
 
 

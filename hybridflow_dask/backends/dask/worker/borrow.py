@@ -113,6 +113,8 @@ class Borrower:
         self._proven_pids: dict[str, int] = {}  # lender -> the process proven to be it
         self._refused: set[str] = set()  # lenders whose memory this process may not read
         self._returns: set[asyncio.Task] = set()
+        #: Keys this worker has copied out of other workers' memories.
+        self.borrowed = 0
 
     def may_borrow(self, holder: str) -> bool:
         """Whether ``holder`` could lend: same host, a platform that can copy, allowed."""
@@ -134,8 +136,12 @@ class Borrower:
             pid = reply["pid"]
             if not self._proven(holder, pid, reply["probe"], reply["secret"]):
                 return None
-            values = pickle.loads(reply["values"])
-            return await asyncio.to_thread(_copied, pid, values)
+            # Filled in place: what a thread's future returns stays referenced from a
+            # reference cycle (asyncio's future chaining) until the next full collection.
+            values: dict[str, Any] = {}
+            await asyncio.to_thread(_copy_into, values, pid, pickle.loads(reply["values"]))
+            self.borrowed += len(values)
+            return values
         except OSError as exc:  # the lender ended, or may not be read after all
             logger.info("could not copy kept results from %s: %s", holder, exc)
             return None
@@ -163,13 +169,12 @@ class Borrower:
         task.add_done_callback(self._returns.discard)
 
 
-def _copied(pid: int, values: dict[str, tuple[dict, list[Any]]]) -> dict[str, Any]:
-    """Each value deserialized from its frames, the large ones copied out of process ``pid``."""
-    out: dict[str, Any] = {}
-    for key, (header, layout) in values.items():
+def _copy_into(out: dict[str, Any], pid: int, lent: dict[str, tuple[dict, list[Any]]]) -> None:
+    """Each lent value into ``out``, deserialized from its frames, the large ones copied
+    out of process ``pid``."""
+    for key, (header, layout) in lent.items():
         frames = [
             pull(pid, part[0], take(part[1])) if isinstance(part, tuple) else part
             for part in layout
         ]
         out[key] = deserialize(header, frames)
-    return out
