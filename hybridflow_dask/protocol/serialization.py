@@ -48,6 +48,7 @@ import numpy as np
 import torch
 
 from .data_proto import DataProto
+from .large_memory import take
 from .lazy_tensordict import tensordict
 
 __all__ = [
@@ -160,12 +161,18 @@ def _address(view: memoryview) -> int:
 
 
 def _writable_bytes(frame: Any, nbytes: int, alignment: int) -> memoryview:
-    """The frame as writable, suitably aligned bytes: zero copy if possible, else one copy."""
+    """The frame as writable, suitably aligned bytes: zero copy if possible, else one copy.
+
+    Dask's TCP comm reads a message's first large frame into the buffer of its header, at
+    an unaligned address: that copy goes into a reused block when large (``take``), as
+    fresh memory is slow to touch (and a ``bytearray`` is zero-filled first)."""
     view = _as_byte_view(frame)
     if view.nbytes != nbytes:
         raise ValueError(f"frame holds {view.nbytes} bytes but the header describes {nbytes}")
     if view.readonly or _address(view) % alignment:
-        view = memoryview(bytearray(view))
+        out = take(nbytes)
+        out[:] = np.frombuffer(view, np.uint8)
+        view = memoryview(cast(Any, out))  # numpy types its buffer for 3.12+ only
     return view
 
 

@@ -303,3 +303,34 @@ def test_a_worker_says_its_own_id_through_the_clients_connection_pool(hf_dask_ba
         worker_id_of(client, "tcp://127.0.0.1:9", 1.0), client.loop.asyncio_loop
     ).result(10)
     assert nowhere is None
+
+
+async def _fetch(key, answer, dask_worker=None):
+    from hybridflow_dask.backends.dask.internals import fetch_keys
+
+    asked = []
+
+    async def borrow(holder, keys):
+        asked.append((holder, list(keys)))
+        return None if answer is None else {k: answer for k in keys}
+
+    return await fetch_keys(dask_worker, [key], borrow), asked
+
+
+def test_fetching_a_key_held_elsewhere_asks_the_borrower_first_then_dask(hf_dask_backend):
+    from distributed import wait
+
+    from hybridflow_dask.backends.dask.internals import finish_future, pending_future
+
+    client = hf_dask_backend.client
+    workers = sorted(client.scheduler_info()["workers"])
+    key = "canary.fetched-0123456789abcdef0123456789abcdef"
+    future = pending_future(client, key)
+    client.run(_keep, key, client.id, workers=workers[:1])
+    client.loop.add_callback(finish_future, future)
+    with client.as_current():
+        wait([future], timeout=10)
+    for answer, expected in ((None, 41), (7, 7)):  # declined: through Dask; else its answer
+        got = client.run(_fetch, key, answer, workers=workers[1:2])[workers[1]]
+        assert got == ({key: expected}, [(workers[0], [key])])
+    del future

@@ -21,7 +21,7 @@ import contextlib
 import socket
 import struct
 import sys
-from collections.abc import Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
 from distributed import Future
@@ -296,8 +296,14 @@ async def register_keys(worker: Any, nbytes: dict[str, int], client_id: str) -> 
     )
 
 
-async def fetch_keys(worker: Any, keys: Collection[str]) -> dict[str, Any]:
-    """The values of ``keys``: from this worker's memory, else from the workers holding them."""
+async def fetch_keys(
+    worker: Any,
+    keys: Collection[str],
+    borrow: Callable[[str, list[str]], Awaitable[dict[str, Any] | None]] | None = None,
+) -> dict[str, Any]:
+    """The values of ``keys``: from this worker's memory, else from the workers holding them
+    (asked first through ``borrow(holder, keys)``, which answers those it could get, or
+    ``None``; the rest are pulled through Dask)."""
     found = {k: worker.data[k] for k in keys if k in worker.data}
     missing = [k for k in keys if k not in found]
     if not missing:
@@ -310,6 +316,11 @@ async def fetch_keys(worker: Any, keys: Collection[str]) -> dict[str, Any]:
             raise KeyError(f"no worker holds {key!r} any more (was its worker lost?)")
         by_holder.setdefault(holders[0], []).append(key)
     for holder, wanted in by_holder.items():
+        if borrow is not None:
+            found.update(await borrow(holder, wanted) or {})
+            wanted = [k for k in wanted if k not in found]
+            if not wanted:
+                continue
         while True:
             reply = await get_data_from_worker(worker.rpc, wanted, holder, who=worker.address)
             if reply["status"] == "OK":

@@ -9,6 +9,7 @@ instance's next call can change it.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..base import InstanceRef
@@ -75,8 +76,14 @@ class Invoke:
         self.method, self.args, self.kwargs = method, args, kwargs
         self.record = record  # stamped by the actor as the method starts and ends
         self._copy = copy
-        self.capture = self._snapshot if copy is not None else None
         self._ref: InstanceRef | None = None
+
+    @property
+    def capture(self) -> Callable[[Any], Any] | None:
+        """The snapshot, or ``None``. Made on each access: a bound method kept in an
+        attribute of its own object is a reference cycle, and would hold the call's
+        inputs (a batch) until the garbage collector's next full pass."""
+        return self._snapshot if self._copy is not None else None
 
     def __call__(self, hosted: Hosted) -> Any:
         self._ref = hosted.ref

@@ -45,6 +45,7 @@ from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
 from ..wire.snapshot import SerializerCopy
 from . import rank_output
+from .borrow import Borrower, Lender
 from .call_log import CallLog
 from .lane_server import LaneServer
 
@@ -85,6 +86,9 @@ class InstancesPlugin(WorkerPlugin):
                 "hf_stream": self.handle_stream,
             },
         )
+        self._lender = Lender(worker.data)  # kept results, lent to workers of this host
+        self._borrower = Borrower(worker)
+        add_handlers(worker, {"hf_lend": self._lender.lend, "hf_give_back": self._lender.give_back})
         #: What a driver's stream may ask, each answered by a coroutine (made once).
         self._ops: dict[str, Callable[..., Any]] = {
             "hf_create": self.handle_create,
@@ -241,7 +245,7 @@ class InstancesPlugin(WorkerPlugin):
         if not imported():  # decoding a batch would import tensordict on this loop
             await asyncio.get_running_loop().run_in_executor(None, wait_imported)
         local = {k for k in keys if k in self.worker.data}
-        values = await fetch_keys(self.worker, keys)
+        values = await fetch_keys(self.worker, keys, self._borrower.borrow)
         private = {
             name
             for name, value in (*enumerate(args), *kwargs.items())
