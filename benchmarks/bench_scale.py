@@ -1,6 +1,6 @@
 """Dispatch at many ranks: what one group call costs as the world grows to 256 ranks.
 
-For each world size (``--worlds``, default 8 16 32 64 128 256) and each layout:
+For each world size (``--worlds``, default 1 8 16 32 64 128 256) and each layout:
 
 - ``hosts``: namespace hosts (``hybridflow_dask.testing.hosts``, needs root) of
   ``--per-host`` light ranks each (one worker process per host hosting them all,
@@ -46,11 +46,15 @@ from pathlib import Path
 from typing import Any
 
 import dask
+import psutil
 from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.testing.hosts import Hosts, missing
+
+#: The world sizes of a full run (1: the one-rank call the others are compared with).
+DEFAULT_WORLDS = (1, 8, 16, 32, 64, 128, 256)
 
 
 class Scale(hf.Worker):
@@ -64,16 +68,25 @@ class Scale(hf.Worker):
 
 
 def _cpu_of(pid: int) -> float:
-    """Seconds of CPU process ``pid`` (and its threads) used so far."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    """Seconds of CPU process ``pid`` and its descendants (a host's launcher runs the
+    scheduler as its child, in a PID namespace) used so far."""
+    root = psutil.Process(pid)
+    total = 0.0
+    for process in [root, *root.children(recursive=True)]:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:  # ended meanwhile
+            continue
+        total += times.user + times.system
+    return total
 
 
 def measure(group: Any, calls: int, warm: int, hosts: Hosts | None) -> dict[str, float]:
     """Medians of ``calls`` blocking no-op calls, and what one call costs around them."""
     for _ in range(warm):
         group.noop()
-    scheduler_pid = hosts.scheduler.process.pid if hosts and hosts.scheduler else None
+    scheduler = hosts.scheduler if hosts else None
+    scheduler_pid = scheduler.process.pid if scheduler and scheduler.process else None
     scheduler_before = _cpu_of(scheduler_pid) if scheduler_pid else 0.0
     link_before = hosts.driver_bytes() if hosts else None
     cpu_before = time.process_time()
@@ -244,7 +257,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     parser.add_argument("--quick", action="store_true", help="worlds 8 and 64, 20 calls")
-    parser.add_argument("--worlds", type=int, nargs="+", default=[8, 16, 32, 64, 128, 256])
+    parser.add_argument("--worlds", type=int, nargs="+", default=list(DEFAULT_WORLDS))
     parser.add_argument(
         "--layouts", nargs="+", default=["hosts", "local"], choices=["hosts", "local"]
     )
@@ -270,7 +283,7 @@ def main(argv: list[str] | None = None) -> None:
         args.layouts = [layout for layout in args.layouts if layout != "hosts"]
     rows = run(args, lambda text: print(text, file=sys.stderr, flush=True))
     print_table(rows)
-    out = results_dir(args.out, trial=args.quick or args.worlds != [8, 16, 32, 64, 128, 256])
+    out = results_dir(args.out, trial=args.quick or args.worlds != list(DEFAULT_WORLDS))
     record = {
         "when": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "machine": {"cpus": os.cpu_count(), "python": platform.python_version()},

@@ -32,7 +32,6 @@ from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 from ...errors import CallTimeoutError
-from ...protocol.lazy_tensordict import import_soon
 from ..base import InstanceRef
 from .actor import Actor
 from .copies import CopyPolicy
@@ -138,7 +137,6 @@ class Instances:
 
     def add(self, ref: InstanceRef, env: dict[str, str]) -> Actor:
         """A new actor for ``ref`` (replacing one under the same key)."""
-        import_soon()  # batches will come here: see lazy_tensordict
         actor = Actor(ref, env, self.gate, self._enter)
         with self._lock:
             old = self._actors.pop(ref.key, None)

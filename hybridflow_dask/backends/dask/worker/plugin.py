@@ -34,7 +34,7 @@ from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 
-from ....protocol.lazy_tensordict import imported, wait_imported
+from ....protocol.lazy_tensordict import import_now, imported
 from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendable
 from ..config import apply_buffer_cache, freeze_gc
@@ -243,7 +243,7 @@ class InstancesPlugin(WorkerPlugin):
         if not keys:
             return args, kwargs, ()
         if not imported():  # decoding a batch would import tensordict on this loop
-            await asyncio.get_running_loop().run_in_executor(None, wait_imported)
+            await asyncio.get_running_loop().run_in_executor(None, import_now)
         local = {k for k in keys if k in self.worker.data}
         values = await fetch_keys(self.worker, keys, self._borrower.borrow)
         private = {

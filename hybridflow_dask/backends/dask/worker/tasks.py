@@ -13,7 +13,7 @@ from typing import Any
 
 from distributed import Future, get_client, get_worker, rejoin, secede
 
-from ....protocol.lazy_tensordict import wait_imported
+from ....protocol.lazy_tensordict import import_now
 from ...base import InstanceRef
 from ...hosting import Call, Instances, find_free_port
 from ..internals import adopt_future
@@ -117,7 +117,7 @@ class WorkerRunner:
     def gather(self, futures: Any) -> list[Any]:
         # Futures unpickled with a call are bound to no client: adopt them by key. The
         # rows are decoded on the worker's loop: tensordict's import must not happen there.
-        wait_imported()
+        import_now()
         client = _client()
         return client.gather([adopt_future(client, f.key) for f in futures], direct=True)
 
