@@ -56,7 +56,10 @@ def wait_for(backend: DaskBackend, name: str, seen: Callable[[dict], Any], withi
     deadline = time.monotonic() + within
     while True:
         group = group_json(backend, name)
-        found = group is not None and seen(group)
+        try:
+            found = group is not None and seen(group)
+        except KeyError:  # not on the page yet (the workers send their records every 50 ms)
+            found = False
         if found:
             return group
         assert time.monotonic() < deadline, f"not on the page within {within} s"
