@@ -372,7 +372,10 @@ class InstancesPlugin(WorkerPlugin):
                 deadline=msg.get("deadline"),
                 key=part["key"],
             )
-            resolve = _unpacked if not shared or index == 0 else _unpacked_own
+            # Each part is read (in this thread) before it is handed to its instance, so
+            # the frames themselves go to the last part: every copy is made before any
+            # instance that could change them in place has them.
+            resolve = _unpacked if not shared or index == len(parts) - 1 else _unpacked_own
             outcome = self.instances.serve_now(
                 call, resolve, functools.partial(_payload, call=call)
             )
