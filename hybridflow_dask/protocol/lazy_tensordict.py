@@ -22,14 +22,11 @@ from __future__ import annotations
 import importlib
 import logging
 import sys
-import threading
 from typing import Any
 
 __all__ = ["import_now", "imported", "is_tensordict", "tensordict"]
 
 logger = logging.getLogger(__name__)
-
-_importing = threading.Lock()
 
 
 class _OnFirstUse:
@@ -60,8 +57,7 @@ def import_now() -> None:
     """Import tensordict in this thread (once per process; at once when it is imported)."""
     if imported():
         return
-    with _importing:  # one thread imports, the others wait for it
-        try:
-            importlib.import_module("tensordict")
-        except BaseException as exc:  # its first real use raises it again, where it is seen
-            logger.debug("importing tensordict ahead of a batch failed: %r", exc)
+    try:  # (Python's import lock makes a second thread wait for the first one's import)
+        importlib.import_module("tensordict")
+    except BaseException as exc:  # its first real use raises it again, where it is seen
+        logger.debug("importing tensordict ahead of a batch failed: %r", exc)

@@ -312,17 +312,7 @@ class InstancesPlugin(WorkerPlugin):
         and its reply is written from the instance's thread before its next call runs, so
         the result needs no snapshot."""
         ident = msg["id"]
-        call = Call(
-            msg["instance"],
-            msg["driver"],
-            msg["seq"],
-            msg["method"],
-            msg["args"],
-            msg["kwargs"],
-            result="now",
-            deadline=msg.get("deadline"),
-            key=msg["key"],
-        )
+        call = _lane_call_of(msg, msg, "now")
 
         def answer(done: concurrent.futures.Future) -> None:
             error = done.exception()
@@ -361,17 +351,7 @@ class InstancesPlugin(WorkerPlugin):
 
         for index, part in enumerate(parts):
             shared = "args" not in part
-            call = Call(
-                part["instance"],
-                msg["driver"],
-                part["seq"],
-                msg["method"],
-                msg["args"] if shared else part["args"],
-                msg["kwargs"] if shared else part["kwargs"],
-                result="later",
-                deadline=msg.get("deadline"),
-                key=part["key"],
-            )
+            call = _lane_call_of(part, msg, "later")
             # Each part is read (in this thread) before it is handed to its instance, so
             # the frames themselves go to the last part: every copy is made before any
             # instance that could change them in place has them.
@@ -503,6 +483,26 @@ def _input_keys(values: Any) -> list[str]:
     keys: list[str] = []
     swap_inputs(values, lambda v: keys.append(v.key) if isinstance(v, InputKey) else None)
     return keys
+
+
+def _lane_call_of(part: dict, msg: dict, result: Literal["now", "later"]) -> Call:
+    """The call a lane message carries (``part`` is ``msg``), or one part of a batch:
+    each field from the part, else from the batch (what all its parts share)."""
+
+    def field(name: str) -> Any:
+        return part[name] if name in part else msg.get(name)
+
+    return Call(
+        field("instance"),
+        field("driver"),
+        field("seq"),
+        field("method"),
+        field("args"),
+        field("kwargs"),
+        result=result,
+        deadline=field("deadline"),
+        key=field("key"),
+    )
 
 
 def _unpacked(args: Any, kwargs: Any) -> Resolved:
