@@ -22,6 +22,7 @@ from hybridflow_dask.backends.dask.scheduler.dashboard_page import (
     percentile,
     render_html,
 )
+from hybridflow_dask.backends.dask.wire.call_events import calls_event
 from hybridflow_dask.backends.dask.wire.keys import CALL_TOPIC, GROUP_DATASET
 
 
@@ -209,7 +210,7 @@ def test_served_page_escapes_every_published_field(hf_dask_backend, payload):
     try:
         now = time.time()
         call = {"key": "k", "group": group, "method": f"m{payload}", "worker": "w"}
-        client.log_event(CALL_TOPIC, {"calls": [{**call, "start": now, "stop": now + 0.001}]})
+        client.log_event(CALL_TOPIC, calls_event([{**call, "start": now, "stop": now + 0.001}]))
         deadline = time.monotonic() + 10
         while f"m{payload}" not in groups_json(hf_dask_backend)[group]["methods"]:
             assert time.monotonic() < deadline, "the logged call never reached the page"

@@ -14,6 +14,7 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
+import msgpack
 import pytest
 from dask.utils import key_split
 from distributed import Client
@@ -21,6 +22,7 @@ from distributed.diagnostics.task_stream import rectangles
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
 from hybridflow_dask.backends.dask.scheduler.dashboard import register_group_monitor
+from hybridflow_dask.backends.dask.wire.call_events import calls_event
 from hybridflow_dask.backends.dask.wire.keys import CALL_TOPIC, GROUP_DATASET
 
 WAIT_S = 15
@@ -29,8 +31,14 @@ WAIT_S = 15
 def emit(events: list[dict[str, Any]], dask_worker: Any) -> int:
     """Runs on a worker: log the calls in one event, as the direct call path does."""
     calls = [{**event, "worker": dask_worker.address} for event in events]
-    dask_worker.log_event(CALL_TOPIC, {"calls": calls})
+    dask_worker.log_event(CALL_TOPIC, calls_event(calls))
     return len(events)
+
+
+def emit_raw(events: list[dict[str, Any]], dask_worker: Any) -> None:
+    """Runs on a worker: log events as they are, whatever they hold."""
+    for event in events:
+        dask_worker.log_event(CALL_TOPIC, event)
 
 
 @pytest.fixture
@@ -153,6 +161,8 @@ def test_events_of_unknown_groups_and_malformed_events_are_ignored(hf_dask_clust
     stranger = call("not-published", "generate", 0, t0, 0.01)
     broken = {"group": name, "method": "generate"}  # no key, no times
     marker = call(name, "marker", 0, t0, 0.01)  # logged last: once seen, the others were too
+    garbage = [{"rows": b"\xc1 not msgpack"}, {"rows": msgpack.packb([[name]])}, {"rows": 3}]
+    client.run(emit_raw, garbage, workers=[workers[0]])
     client.run(emit, [stranger, broken, marker], workers=[workers[0]])
 
     assert wait_for_calls(hf_dask_cluster, name, "marker", 1)["calls"] == 1

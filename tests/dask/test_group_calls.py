@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import time
 
 import dask
 import pytest
@@ -34,6 +35,14 @@ class Light(hf.Worker):
     def fail_on(self, rank):
         if self.rank == rank:
             raise KeyError(f"rank {rank} fails")
+        return self.rank
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def fail_or_sleep(self, failing, sleeping, seconds):
+        if self.rank == failing:
+            raise KeyError(f"rank {failing} fails")
+        if self.rank == sleeping:
+            time.sleep(seconds)
         return self.rank
 
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
@@ -92,3 +101,19 @@ def test_different_arguments_per_rank_in_one_batch_reach_their_ranks(light_group
     out = light_group.double(data)
     assert out.batch["x"].tolist() == [2.0 * i for i in range(16)]
     assert out.batch["r"].tolist() == [float(i // 2) for i in range(16)]
+
+
+def test_a_failing_rank_ends_the_wait_early_but_earlier_ranks_are_still_waited_for(light_group):
+    """The call's wait ends on the first failure, as the failure of the lowest failing
+    rank: a slow rank after it is not waited for, a slow rank before it is."""
+    light_group.fail_on(-1)
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="rank 0 fails"):
+        light_group.fail_or_sleep(0, 7, 5.0)
+    assert time.monotonic() - start < 3.0  # rank 7's five seconds were not waited for
+
+    start = time.monotonic()
+    with pytest.raises(KeyError, match="rank 5 fails"):
+        light_group.fail_or_sleep(5, 1, 1.0)
+    assert time.monotonic() - start >= 1.0  # rank 1 (before it in rank order) finished first
+    assert light_group.fail_on(-1) == list(range(8))  # and the group goes on

@@ -57,7 +57,7 @@ from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in
 
-__all__ = ["DirectPath", "ReplyFuture"]
+__all__ = ["DirectPath", "Replies", "ReplyFuture"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,12 +71,44 @@ WITHDRAW_WAIT_S = 10.0
 LANE_ASK_TIMEOUT_S = 10.0
 
 
-class ReplyFuture(concurrent.futures.Future):
-    """The outcome of a direct message the caller waits for (never held by the scheduler)."""
+class Replies:
+    """The replies of one blocking call, counted as they come: its caller waits once for
+    all of them (or the first failure), instead of on every rank's future."""
 
-    def __init__(self, key: str) -> None:
+    __slots__ = ("_left", "_lock", "settled")
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._lock = threading.Lock()
+        #: Set once every reply is in, or one is a failure.
+        self.settled = threading.Event()
+
+    def count(self, failed: bool) -> None:
+        with self._lock:
+            self._left -= 1
+            last = self._left == 0
+        if last or failed:
+            self.settled.set()
+
+
+class ReplyFuture(concurrent.futures.Future):
+    """The outcome of a direct message the caller waits for (never held by the scheduler);
+    ``replies``: the call it is one rank's part of, told when this one is settled."""
+
+    def __init__(self, key: str, replies: Replies | None = None) -> None:
         super().__init__()
         self.key = key
+        self.replies = replies
+
+    def set_result(self, result: Any) -> None:
+        super().set_result(result)
+        if self.replies is not None:
+            self.replies.count(failed=False)
+
+    def set_exception(self, exception: BaseException | None) -> None:
+        super().set_exception(exception)
+        if self.replies is not None:
+            self.replies.count(failed=True)
 
     @property
     def status(self) -> str:
@@ -200,7 +232,8 @@ class DirectPath:
         batch when the process hosts several of the ranks), the others on its stream,
         which writes every message posted in one turn of the loop at once."""
         shared = _Shared()  # every rank's message is made before any is sent
-        messages = [self._message(c, method, label, blocking, deadline, shared) for c in calls]
+        replies = Replies(len(calls)) if blocking else None
+        messages = [self._message(c, method, label, deadline, shared, replies) for c in calls]
         batches: dict[Lane, list[_Message]] = {}
         for message in messages:
             if blocking and not message.inputs and not message.known:
@@ -228,12 +261,14 @@ class DirectPath:
         call: RankCall,
         method: str,
         label: str,
-        blocking: bool,
         deadline: float | None,
         shared: _Shared,
+        replies: Replies | None,
     ) -> _Message:
         """The message for one rank's part of a call, its future in ``future``. Ranks
-        given the very same argument objects share one packing of them."""
+        given the very same argument objects share one packing of them. A blocking call
+        (``replies``: the count of its replies) is answered in a ``ReplyFuture``."""
+        blocking = replies is not None
         ref, key = call.ref, task_key(label)
         made = shared.get(call.args, call.kwargs)
         if made is None:
@@ -255,7 +290,7 @@ class DirectPath:
             with self._lock:
                 self._counts["scattered"] += sent
         if blocking:
-            future: Any = ReplyFuture(key)
+            future: Any = ReplyFuture(key, replies)
         else:
             future = pending_future(self.client, key)
             self.expect(key)

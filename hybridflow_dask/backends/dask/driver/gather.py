@@ -181,7 +181,12 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
     if remote:
         client.sync(wait_all, remote, timeout)
     left = deadline - time.monotonic()
-    if replies and left > 0:  # one wake-up when all are done (or one failed), not one per rank
+    if not replies or left <= 0:
+        return
+    call = replies[0].replies
+    if call is not None and not call.settled.is_set() and all(f.replies is call for f in replies):
+        call.settled.wait(left)  # one call's ranks, none failed yet
+    else:  # one wake-up when all are done (or one failed), not one per rank
         concurrent.futures.wait(
             replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
         )

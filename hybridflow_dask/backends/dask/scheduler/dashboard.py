@@ -47,6 +47,7 @@ from ..internals import (
     published_datasets,
     record_finished_task,
 )
+from ..wire.call_events import calls_of
 from ..wire.keys import CALL_PHASES, CALL_STAMPS, CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
@@ -160,7 +161,7 @@ class GroupMonitor(SchedulerPlugin):
         for entry in _listed(msg, "pending"):
             if _pending_call(entry) and self._published(entry["group"]):
                 self.inflight.report(entry, now)
-        for entry in _listed(msg, "calls"):
+        for entry in calls_of(msg):
             call = _direct_call(entry)
             if call is None:
                 logger.debug("ignoring a malformed call in a %s event: %r", CALL_TOPIC, entry)

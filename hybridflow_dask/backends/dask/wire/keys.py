@@ -28,8 +28,9 @@ __all__ = [
 
 #: Prefix of the published datasets that list each group's instances (the backend writes them).
 GROUP_DATASET = "hybridflow-group-"
-#: Event topic of the calls a worker hosts (``worker.call_log``): ``{"calls": [...]}`` for
-#: finished calls (``"key", "group", "method", "rank", "worker", "path"``, the phase times
+#: Event topic of the calls a worker hosts (``worker.call_log``): ``{"rows": bytes}`` for
+#: finished calls (``call_events.calls_event``: one row per call of ``"key", "group",
+#: "method", "rank", "worker", "path"``, the phase times
 #: ``"received", "inputs", "start", "stop", "replied"`` from the worker's clock, ``"status"``
 #: ``"OK" | "error"``, ``"nbytes"`` and, on error, ``"error": {"type", "message",
 #: "traceback"}``) and ``{"pending": [...]}`` for calls still pending (``"state"``, ``"age"``

@@ -9,10 +9,11 @@ Every call an instance receives, on any path, gets a ``CallRecord`` stamped at e
 - and, when it ends, the time its reply was handed back (or its result kept).
 
 Finished calls go to the scheduler in one ``hybridflow-call`` event per 50 ms, not one per
-call. A call still pending ``REPORT_AFTER_S`` after it arrived is reported while pending
-(fetching inputs, queued or running) and again whenever that state changes, so a hung or
-slow rank shows on the page within a second instead of only when it ends. Fast calls cost
-nothing more than the event they are batched into.
+call, packed as rows (``wire.call_events``). A call still pending ``REPORT_AFTER_S`` after
+it arrived is reported while pending (fetching inputs, queued or running) and again
+whenever that state changes, so a hung or slow rank shows on the page within a second
+instead of only when it ends. Fast calls cost nothing more than the event they are
+batched into.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 from ...base import InstanceRef
+from ..wire.call_events import calls_event
 from ..wire.keys import CALL_STAMPS, CALL_TOPIC
 
 __all__ = ["CallLog", "CallRecord", "error_detail"]
@@ -111,7 +113,7 @@ class CallLog:
         with self._lock:
             calls, self._finished = self._finished, []
         if calls:
-            self.worker.log_event(CALL_TOPIC, {"calls": calls})
+            self.worker.log_event(CALL_TOPIC, calls_event(calls))
 
     def _report_pending(self) -> None:
         now = time.time()
