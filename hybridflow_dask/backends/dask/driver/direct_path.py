@@ -57,7 +57,7 @@ from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in
 
-__all__ = ["DirectPath", "Replies", "ReplyFuture"]
+__all__ = ["DirectPath", "Replies", "ReplyFuture", "one_call"]
 
 logger = logging.getLogger(__name__)
 
@@ -75,20 +75,37 @@ class Replies:
     """The replies of one blocking call, counted as they come: its caller waits once for
     all of them (or the first failure), instead of on every rank's future."""
 
-    __slots__ = ("_left", "_lock", "settled")
+    __slots__ = ("_left", "_lock", "failed", "settled")
 
     def __init__(self, count: int) -> None:
         self._left = count
         self._lock = threading.Lock()
         #: Set once every reply is in, or one is a failure.
         self.settled = threading.Event()
+        self.failed = False
 
     def count(self, failed: bool) -> None:
         with self._lock:
             self._left -= 1
             last = self._left == 0
+            self.failed = self.failed or failed
         if last or failed:
             self.settled.set()
+
+    def all_ok(self) -> bool:
+        """Whether every reply is in and none is a failure."""
+        return self.settled.is_set() and not self.failed
+
+
+def one_call(futures: Sequence[Any]) -> Replies | None:
+    """The blocking call whose replies ``futures`` all are (all its ranks, or some), if any."""
+    first = futures[0] if futures else None
+    replies = first.replies if type(first) is ReplyFuture else None
+    if replies is not None and all(
+        type(f) is ReplyFuture and f.replies is replies for f in futures
+    ):
+        return replies
+    return None
 
 
 class ReplyFuture(concurrent.futures.Future):

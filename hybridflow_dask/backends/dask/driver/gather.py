@@ -25,7 +25,7 @@ from ...base import WorkerLostError
 from ..config import call_timeout
 from ..internals import future_state, wait_all
 from .call_path import CallPath
-from .direct_path import DEATH_WAIT_S, ReplyFuture
+from .direct_path import DEATH_WAIT_S, ReplyFuture, one_call
 from .liveness import Liveness
 from .timeouts import timed_out
 
@@ -62,6 +62,11 @@ class Gathering:
     def gather(self, futures: list[Any]) -> list[Any]:
         """Wait for all, failing early on an error or a lost worker, then fetch (on the
         lanes where the path has them, else through Dask)."""
+        call = one_call(futures)
+        if call is not None and call.settled.wait(POLL_S) and call.all_ok():
+            values = [f.result() for f in futures]  # a blocking call answered in full
+            self._count_gathered(values)
+            return values
         limit = call_timeout()
         start = time.monotonic()
         while pending := [f for f in futures[: self._first_failed(futures)] if _is_pending(f)]:
@@ -91,10 +96,12 @@ class Gathering:
         if rest:
             fetched.update(zip((f.key for f in rest), self._gather_from_dask(rest)))
         values = [fetched[f.key] if v is _FETCH else v for f, v in zip(futures, values)]
-        self._counts["gathered"] += sum(
-            sizeof(v) for f, v in zip(futures, values) if _is_pending_kind(f)
-        )
+        self._count_gathered([v for f, v in zip(futures, values) if _is_pending_kind(f)])
         return values
+
+    def _count_gathered(self, values: list[Any]) -> None:
+        """``driver_bytes["gathered"]``: what results brought into the driver."""
+        self._counts["gathered"] += sum(sizeof(v) for v in values)
 
     def _out_of_time(self, pending: list[Any], start: float, limit: float | None) -> bool:
         """Whether a wait for ``pending`` passed its limit: the deadline their calls were
