@@ -9,11 +9,21 @@ still arrives.
 from __future__ import annotations
 
 import enum
+import socket
+import threading
 
 import pytest
+import torch
 
 import hybridflow_dask as hf
-from hybridflow_dask.backends.dask.wire.messages import is_plain, plain_call
+from hybridflow_dask.backends.dask.wire.messages import (
+    is_plain,
+    pack,
+    plain_call,
+    read_message,
+    unpack,
+    write_message,
+)
 
 
 class Level(enum.IntEnum):
@@ -76,3 +86,31 @@ def test_only_values_msgpack_returns_unchanged_count_as_plain():
     assert plain_call((1, "a"), {"step": 3})
     assert not plain_call(([1],), {})
     assert not plain_call((), {"step": (3,)})
+
+
+def test_a_lane_message_read_back_has_its_fields_and_small_frames_it_may_change():
+    """Read over a real socket: a message without frames arrives whole, and a tensor of
+    a few bytes (its frame read like the message's own fields would be) is writable."""
+    sender, receiver = socket.socketpair()
+    stream = receiver.makefile("rb", buffering=1 << 16)
+    plain = {"op": "hf_call", "seq": 3, "args": (), "kwargs": {}, "deadline": None}
+    framed = {"op": "hf_call", "args": pack((torch.arange(4.0),), "a test tensor")}
+
+    def send() -> None:
+        write_message(sender.sendall, plain)
+        write_message(sender.sendall, framed)
+
+    writer = threading.Thread(target=send)
+    writer.start()
+    try:
+        got, copied = read_message(stream)
+        assert (got, copied) == (plain, False)
+        got, _ = read_message(stream)
+        assert got["args"].frames and not any(memoryview(f).readonly for f in got["args"].frames)
+        (tensor,) = unpack(got["args"])
+        tensor += 1  # a frame read back is the receiver's own, writable memory
+        assert tensor.tolist() == [1.0, 2.0, 3.0, 4.0]
+    finally:
+        writer.join()
+        sender.close()
+        receiver.close()

@@ -134,6 +134,10 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     ``LEAVE_MIN`` bytes and more are not written, only their addresses. They are returned:
     the caller keeps them alive, and unchanged, until the reader says it has copied them.
     """
+    if not any(isinstance(v, (Serialized, list)) for v in msg.values()):  # no frames
+        body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
+        write(_HEAD.pack(len(body), 0) + body)
+        return []
     frames: list[Any] = []
     meta = _framed(msg, frames)
     for name, value in meta.items():
@@ -207,6 +211,13 @@ class Readable(Protocol):
 
     def readinto(self, buffer: Any, /) -> int | None: ...
 
+    def read(self, size: int, /) -> bytes: ...
+
+
+#: Reads up to this size are taken from the reader's buffer as ``bytes`` (a buffered
+#: reader's ``read(n)`` returns fewer bytes only at the end of the stream).
+_SMALL_READ = 1 << 12
+
 
 _NO_LIMITS = LaneLimits()
 
@@ -225,7 +236,7 @@ def read_message(
     when a frame left in the sender's memory cannot be copied, and ``ProtocolError``
     when the message is malformed or declares more than ``limits`` allow.
     """
-    body_size, count = _HEAD.unpack(_read(stream, _HEAD.size))
+    body_size, count = _HEAD.unpack(_read_fields(stream, _HEAD.size))
     if started is not None:
         started()
     if count > limits.max_frames:
@@ -234,14 +245,14 @@ def read_message(
         raise ProtocolError(
             f"a message declared {body_size} bytes of pickled data (limit {limits.max_meta_bytes})"
         )
-    lengths = struct.unpack(f"!{count}Q", _read(stream, 8 * count)) if count else ()
+    lengths = struct.unpack(f"!{count}Q", _read_fields(stream, 8 * count)) if count else ()
     total = body_size + sum(length & ~_LEFT for length in lengths)
     if total > limits.max_message_bytes:
         raise ProtocolError(
             f"a message declared {total} bytes (limit hybridflow.lane-max-message="
             f"{limits.max_message_bytes})"
         )
-    msg = pickle.loads(_read(stream, body_size))
+    msg = pickle.loads(_read_fields(stream, body_size))
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
     declared = sum(v.count for v in _framed_values(msg))
@@ -256,7 +267,7 @@ def read_message(
         if length & _LEFT:
             if pull_from is None:
                 raise ProtocolError("a frame was left in the sender's memory, which is not allowed")
-            (address,) = _ADDRESS.unpack(_read(stream, _ADDRESS.size))
+            (address,) = _ADDRESS.unpack(_read_fields(stream, _ADDRESS.size))
             if late:
                 frames.append(None)
                 continue
@@ -299,6 +310,16 @@ def own_framed(value: Any) -> Any:
 def unpack(value: Any) -> Any:
     """A message's value as sent: ``Framed`` ones deserialized."""
     return deserialize(value.header, value.frames) if isinstance(value, Framed) else value
+
+
+def _read_fields(stream: Readable, size: int) -> Any:
+    """A message's header or pickled fields (never a frame: frames must be writable)."""
+    if size > _SMALL_READ:
+        return _read(stream, size)
+    data = stream.read(size)  # (from the reader's buffer: no buffer of our own to fill)
+    if len(data) != size:
+        raise EOFError("the stream ended")
+    return data
 
 
 def _read(stream: Readable, size: int) -> Any:
