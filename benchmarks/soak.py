@@ -27,9 +27,11 @@ ignores, unless ``--out`` names a folder.
 Growth that stops is not a leak: Dask keeps bounded histories that every call adds to
 (the task stream, ``hybridflow.task-stream-length`` records (10,000; Dask's default is
 100,000), which the dashboard feeds with direct calls too;
-``key_split``'s cache of 100,000 keys; 1,000 recent messages per batched stream), so
-``--config hybridflow.task-stream-length=1000 --config
-distributed.admin.low-level-log-length=10`` shows what remains without them, and
+``key_split``'s cache of 100,000 keys; ``hybridflow.message-log-length`` recent batches
+per batched stream, 100 on a cluster the backend starts, Dask's 1,000 with ``null``), so
+``--config hybridflow.task-stream-length=1000 --config hybridflow.message-log-length=10``
+shows what remains without them, ``--config hybridflow.message-log-length=null`` the
+growth with Dask's own logs, and
 ``--noop-calls 80000`` how far the histories grow before they stop.
 """
 

@@ -21,6 +21,7 @@ __all__ = [
     "fresh_processes",
     "group_messages",
     "max_local_workers",
+    "message_log_length",
     "ranks_per_worker",
     "same_host_copy",
     "scatter_threshold",
@@ -152,4 +153,10 @@ def device_transfer(value: str | None = None) -> str:
 def task_stream_length() -> int | None:
     """How many records a task stream the monitor starts keeps (``task-stream-length``)."""
     value = dask.config.get("hybridflow.task-stream-length", None)
+    return None if value is None else int(value)
+
+
+def message_log_length() -> int | None:
+    """How many recent batches an owned cluster's Dask streams keep (``message-log-length``)."""
+    value = dask.config.get("hybridflow.message-log-length", None)
     return None if value is None else int(value)

@@ -7,9 +7,11 @@ what ``Client.scatter`` does inside a task), a driver-side ``Future`` for a key 
 computed yet whose outcome we set ourselves (the client's ``FutureState``), and pulling a
 key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
 needs a future that travelled inside an argument to work in the worker's client
-(``Client._send_to_scheduler``). On the scheduler, the dashboard page reads the published
-datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
-owned cluster overrides two ``SpecCluster`` methods. ``tests/dask/test_dask_internals.py``
+(``Client._send_to_scheduler``). The driver's own streams and, on a cluster it starts,
+the scheduler's keep shorter logs of recent messages (``cap_message_log``). On the
+scheduler, the dashboard page reads the published datasets, draws calls in Dask's task
+stream and adds a tab to Dask's navigation bar; an owned cluster overrides two
+``SpecCluster`` methods. ``tests/dask/test_dask_internals.py``
 exercises each one for real and fails loudly when a Dask release changes it;
 ``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
 """
@@ -17,6 +19,7 @@ exercises each one for real and fails loudly when a Dask release changes it;
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import socket
 import struct
@@ -33,6 +36,7 @@ __all__ = [
     "add_dashboard_page",
     "add_handlers",
     "adopt_future",
+    "cap_message_log",
     "dont_reply",
     "enter_worker",
     "fail_future",
@@ -47,6 +51,7 @@ __all__ = [
     "record_finished_task",
     "register_keys",
     "reset_comm",
+    "scheduler_streams",
     "submit_as",
     "wait_all",
     "wait_future",
@@ -62,6 +67,22 @@ def adopt_future(client: Any, key: Any) -> Future:
     future = Future(key, client)
     client._send_to_scheduler({"op": "client-desires-keys", "keys": [key], "client": client.id})
     return future
+
+
+def cap_message_log(stream: Any, maxlen: int) -> None:
+    """Keep at most ``maxlen`` recent batches in ``stream``'s debugging log (a
+    ``BatchedSend``'s ``recent_message_log``, sized by Dask's
+    ``distributed.admin.low-level-log-length`` when the stream was made)."""
+    log = getattr(stream, "recent_message_log", None)
+    if isinstance(log, collections.deque) and log.maxlen != maxlen:
+        stream.recent_message_log = collections.deque(log, maxlen=maxlen)
+
+
+def scheduler_streams(scheduler: Any, worker: str | None = None) -> list[Any]:
+    """The scheduler's batched streams: to ``worker`` only, or to every worker and client."""
+    if worker is not None:
+        return [s for s in [scheduler.stream_comms.get(worker)] if s is not None]
+    return [*scheduler.stream_comms.values(), *scheduler.client_comms.values()]
 
 
 async def worker_id_of(client: Any, address: str, timeout: float) -> str | None:

@@ -37,6 +37,7 @@ from ..config import (
     fresh_processes,
     group_messages,
     max_local_workers,
+    message_log_length,
     same_host_copy,
     scheduler_timeout,
     share_colocated_inputs,
@@ -45,9 +46,10 @@ from ..config import (
 )
 from ..config import device_transfer as config_device_transfer
 from ..config import ranks_per_worker as config_ranks_per_worker
-from ..internals import published_value, worker_id_of
+from ..internals import cap_message_log, published_value, worker_id_of
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
+from ..scheduler.message_logs import register_message_log_cap
 from ..wire import (
     device_route,
     serialization,  # noqa: F401  (registers the tensor and DataProto serializers)
@@ -209,6 +211,11 @@ class DaskBackend:
         self.client.register_plugin(InstancesPlugin(), name=PLUGIN_NAME)
         with dask.config.set(_owned_settings() if self._owned_cluster is not None else {}):
             register_group_monitor(self.client)  # the /hybridflow page on the dashboard
+        logs = message_log_length()
+        if logs is not None and self._owns_client:  # this driver's own memory
+            cap_message_log(self.client.scheduler_comm, logs)
+            if self._owned_cluster is not None:  # its scheduler runs in this process
+                register_message_log_cap(self.client, logs)
         register_worker_deaths(self.client)
         TopicFanOut.subscribe(self.client, DEATH_TOPIC, self._on_worker_removed)
         if self._owned_cluster is not None:

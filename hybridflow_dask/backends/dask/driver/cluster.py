@@ -17,7 +17,7 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
-from ..config import task_stream_length
+from ..config import message_log_length, task_stream_length
 from ..internals import owned_cluster_class
 from ..wire.device_route import DEVICE_COMMS, ucx_available
 
@@ -98,13 +98,18 @@ def owned_settings() -> dict[str, Any]:
     The task stream keeps a record per call (direct calls too): Dask's default of 100,000
     records grew the driver by ~250 MiB in a long run (the scheduler lives in the driver's
     process), so it keeps ``hybridflow.task-stream-length`` (10,000 by default: the last
-    minutes of a busy run), as the group monitor does on any cluster.
+    minutes of a busy run), as the group monitor does on any cluster. Its logs of recent
+    messages and events keep ``hybridflow.message-log-length`` entries (the streams made
+    later, as workers and clients connect, are shortened by ``MessageLogCap``).
     """
     settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s"}
     length = task_stream_length()
     if length is not None:
         settings["distributed.scheduler.dashboard.status.task-stream-length"] = length
         settings["distributed.scheduler.dashboard.tasks.task-stream-length"] = length
+    logs = message_log_length()
+    if logs is not None:
+        settings["distributed.admin.low-level-log-length"] = logs
     return settings
 
 
