@@ -47,7 +47,7 @@ from ..internals import (
     published_datasets,
     record_finished_task,
 )
-from ..wire.call_events import calls_of
+from ..wire.call_events import FinishedCall, finished_calls
 from ..wire.keys import CALL_PHASES, CALL_STAMPS, CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
@@ -161,33 +161,42 @@ class GroupMonitor(SchedulerPlugin):
         for entry in _listed(msg, "pending"):
             if _pending_call(entry) and self._published(entry["group"]):
                 self.inflight.report(entry, now)
-        for entry in calls_of(msg):
-            call = _direct_call(entry)
-            if call is None:
-                logger.debug("ignoring a malformed call in a %s event: %r", CALL_TOPIC, entry)
-                continue
-            self._record(call, now)
+        self._record(finished_calls(msg), now)
 
-    def _record(self, call: dict[str, Any], now: float) -> None:
-        if not self._published(call["group"]):
-            return  # a group already shut down (or never published): like a task's call
-        self.inflight.done(call["worker"], call["key"])
-        name, error = call["method"], call["error"]
-        phases = {name: call[end] - call[begin] for name, (begin, end) in CALL_PHASES.items()}
-        where = (call["group"], method_name(name), is_internal(name))
-        self.stats.finished(*where, phases, error, rank=call["rank"], when=now)
-        if error is not None:
-            self.events.add(
-                "error",
-                now,
-                group=call["group"],
-                method=method_name(name),
-                rank=call["rank"],
-                worker=call["worker"],
-                **error,
-            )
-        if call["path"] != "task" and self._drawn.take(call["worker"], now):
-            self._to_task_stream(call)  # (a task's own record is already in the stream)
+    def _record(self, calls: list[FinishedCall], now: float) -> None:
+        """Count ``calls`` (one event's): each (group, method) is looked up once per event,
+        since a call to many ranks reports a row per rank."""
+        datasets = self._datasets()
+        places: dict[tuple[str, str], tuple[str, str, bool] | None] = {}
+        for call in calls:
+            place = places.get((call.group, call.method), _UNSEEN)
+            if place is _UNSEEN:
+                published = GROUP_DATASET + call.group in datasets
+                place = places[call.group, call.method] = (
+                    (call.group, method_name(call.method), is_internal(call.method))
+                    if published  # else a group shut down (or never published): ignored
+                    else None
+                )
+            if place is None:
+                continue
+            group, name, internal = place
+            self.inflight.done(call.worker, call.key)
+            stamps = call.stamps
+            phases = {phase: stamps[end] - stamps[begin] for phase, begin, end in _PHASES}
+            error = None if call.ok else _error(call.error)
+            self.stats.finished(group, name, internal, phases, error, rank=call.rank, when=now)
+            if error is not None:
+                self.events.add(
+                    "error",
+                    now,
+                    group=group,
+                    method=name,
+                    rank=call.rank,
+                    worker=call.worker,
+                    **error,
+                )
+            if call.path != "task" and self._drawn.take(call.worker, now):
+                self._to_task_stream(call)  # (a task's own record is already in the stream)
 
     def _driver_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -211,22 +220,23 @@ class GroupMonitor(SchedulerPlugin):
         for _ in range(min(count, LOST_COUNTED)):
             self.stats.finished(group, method_name(method), False, {}, error, rank=msg.get("rank"))
 
-    def _to_task_stream(self, call: dict[str, Any]) -> None:
+    def _to_task_stream(self, call: FinishedCall) -> None:
         """Hand the call to Dask's task stream as the record of a finished task: fetching
         its inputs and replying as transfers, the method as compute, its wait as a gap."""
+        received, inputs, start, stop, replied = call.stamps
         spans = [
-            ("transfer", call["received"], call["inputs"]),
-            ("compute", call["start"], call["stop"]),
-            ("transfer", call["stop"], call["replied"]),
+            ("transfer", received, inputs),
+            ("compute", start, stop),
+            ("transfer", stop, replied),
         ]
         record_finished_task(
             self.scheduler,
             _stream_key(call),
-            ok=call["status"] == "OK",
-            worker=call["worker"],
+            ok=call.ok,
+            worker=call.worker,
             thread=DIRECT_LANE,
             spans=[(action, a, b) for action, a, b in spans if b > a or action == "compute"],
-            nbytes=call["nbytes"],
+            nbytes=call.nbytes,
         )
 
     # -- the page's data ------------------------------------------------------------------
@@ -311,6 +321,13 @@ class StreamBudget:
         self._left.pop(worker, None)
 
 
+#: Each phase the page shows, with the indexes of its first and last stamp in a call's.
+_PHASES = tuple(
+    (name, CALL_STAMPS.index(begin), CALL_STAMPS.index(end))
+    for name, (begin, end) in CALL_PHASES.items()
+)
+_UNSEEN: Any = object()
+
 #: The most lost calls one event adds to a method's counts (a bound on a malformed event).
 LOST_COUNTED = 100_000
 #: What a driver reports (``EVENT_TOPIC``): calls it failed because their worker died, and
@@ -337,50 +354,21 @@ def _pending_call(msg: Any) -> bool:
         return False
 
 
-def _direct_call(msg: Any) -> dict[str, Any] | None:
-    """A finished call's fields, checked, or ``None`` when it is malformed. Phase times a
-    sender left out default to the neighbouring ones (no time spent in that phase)."""
-    if not isinstance(msg, dict):
-        return None
-    try:
-        float(msg["stop"])  # (start and stop are required)
-        stamps: dict[str, float] = {}
-        last = float(msg["start"])  # before the first stamp: the first takes start's time
-        for name in CALL_STAMPS:
-            last = stamps[name] = float(msg.get(name, last))
-        call = {
-            "key": str(msg["key"]),
-            "group": str(msg["group"]),
-            "method": str(msg["method"]),
-            "rank": msg.get("rank"),
-            "worker": str(msg["worker"]),
-            "path": str(msg.get("path", "direct")),
-            **stamps,
-            "status": str(msg.get("status", "OK")),
-            "nbytes": int(msg.get("nbytes") or 0),
-            "error": _error(msg.get("error")) if msg.get("status", "OK") != "OK" else None,
-        }
-    except (KeyError, TypeError, ValueError):
-        return None
-    times = [stamps[name] for name in CALL_STAMPS]
-    return call if times == sorted(times) else None
-
-
 def _error(detail: Any) -> dict[str, str]:
     if not isinstance(detail, dict):
         return {"type": "error", "message": "", "traceback": ""}
     return {k: str(detail.get(k, "")) for k in ("type", "message", "traceback")}
 
 
-def _stream_key(call: dict[str, Any]) -> str:
+def _stream_key(call: FinishedCall) -> str:
     """The call's key if the task stream would name it ``group.method``, else one that does.
 
     The task stream names a bar after ``key_split(key)``: a key shaped like a task's,
     ``"{group}.{method}-<uuid hex>"``, shows as ``group.method`` (hyphens of the label made
     underscores, as ``task_key`` does).
     """
-    label = f"{call['group']}.{call['method']}".replace("-", "_")
-    key = call["key"]
+    label = f"{call.group}.{call.method}".replace("-", "_")
+    key = call.key
     if label_of(key) == label:
         return key
     return f"{label}-{uuid.uuid5(uuid.NAMESPACE_OID, key).hex}"

@@ -157,8 +157,10 @@ class CallStats:
         self.ranks: dict[str, dict[Any, RankStats]] = {}
 
     def get(self, group: str, name: str, internal: bool) -> MethodStats:
-        methods, inner = self.groups.setdefault(group, ({}, {}))
-        table = inner if internal else methods
+        tables = self.groups.get(group)
+        if tables is None:
+            tables = self.groups[group] = ({}, {})
+        table = tables[1] if internal else tables[0]
         stats = table.get(name)
         if stats is None:
             stats = table[name] = MethodStats()
@@ -186,8 +188,13 @@ class CallStats:
         if rank is not None and when is not None:
             stats.finished_at[rank] = when
         if rank is not None and not internal:
+            ranks = self.ranks.get(group)
+            if ranks is None:
+                ranks = self.ranks[group] = {}
             try:
-                per_rank = self.ranks.setdefault(group, {}).setdefault(rank, RankStats())
+                per_rank = ranks.get(rank)
+                if per_rank is None:
+                    per_rank = ranks[rank] = RankStats()
             except TypeError:  # an unhashable rank from a malformed event: no statistics
                 return
             per_rank.finished(name, phases.get("run"), error, when)

@@ -12,13 +12,13 @@ unpacking run in C.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import Any, NamedTuple
 
 import msgpack
 
 from .keys import CALL_STAMPS
 
-__all__ = ["CALL_FIELDS", "calls_event", "calls_of"]
+__all__ = ["CALL_FIELDS", "FinishedCall", "calls_event", "finished_calls"]
 
 #: A finished call's fields, in the order its row carries them (see ``CALL_TOPIC``).
 CALL_FIELDS = (
@@ -43,10 +43,30 @@ def calls_event(calls: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
     return {"rows": msgpack.packb(rows, default=str)}
 
 
-def calls_of(msg: Mapping[str, Any]) -> list[Any]:
-    """The calls an event carries, each a dict of the fields its sender set; an entry
-    that is not a row of ``CALL_FIELDS`` is passed on as it is (the reader ignores what
-    is malformed). An event whose rows cannot be read carries none."""
+class FinishedCall(NamedTuple):
+    """One finished call as the reader takes it from a row, its fields checked."""
+
+    key: str
+    group: str
+    method: str
+    rank: Any
+    worker: str
+    path: str
+    #: Its times, in ``CALL_STAMPS`` order (``received``, ``inputs``, ``start``, ``stop``,
+    #: ``replied``).
+    stamps: tuple[float, float, float, float, float]
+    ok: bool
+    nbytes: int
+    #: What the sender said of its error (only when not ``ok``), as it came.
+    error: Any
+
+
+def finished_calls(msg: Mapping[str, Any]) -> list[FinishedCall]:
+    """The well-formed calls an event carries; a malformed row (or event) is left out.
+
+    A phase time the sender left out takes its neighbour's (no time spent in that phase):
+    ``received`` and ``inputs`` default to ``start``, ``replied`` to ``stop``.
+    """
     packed = msg.get("rows")
     if not isinstance(packed, bytes):
         return []
@@ -56,9 +76,40 @@ def calls_of(msg: Mapping[str, Any]) -> list[Any]:
         return []
     if not isinstance(rows, list):
         return []
-    return [
-        {n: v for n, v in zip(CALL_FIELDS, row) if v is not None}
-        if isinstance(row, list) and len(row) == _ROW_LENGTH
-        else row
-        for row in rows
-    ]
+    calls = [_finished(row) for row in rows]
+    return [call for call in calls if call is not None]
+
+
+def _finished(row: Any) -> FinishedCall | None:
+    # One pass per row, no intermediate dict: the scheduler reads a row per rank per call.
+    if type(row) is not list or len(row) != _ROW_LENGTH:
+        return None
+    key, group, method, rank, worker, path, received, inputs, start, stop, replied = row[:11]
+    status, nbytes, error = row[11:]
+    if not (type(key) is str and type(group) is str and type(method) is str):
+        return None
+    if type(worker) is not str:
+        return None
+    try:
+        start, stop = float(start), float(stop)
+        received = start if received is None else float(received)
+        inputs = received if inputs is None else float(inputs)
+        replied = stop if replied is None else float(replied)
+        nbytes = int(nbytes or 0)
+    except (TypeError, ValueError):
+        return None
+    if not received <= inputs <= start <= stop <= replied:
+        return None
+    ok = status is None or status == "OK"
+    return FinishedCall(
+        key,
+        group,
+        method,
+        rank,
+        worker,
+        "direct" if path is None else str(path),
+        (received, inputs, start, stop, replied),
+        ok,
+        nbytes,
+        None if ok else error,
+    )
