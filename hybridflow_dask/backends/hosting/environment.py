@@ -21,12 +21,14 @@ class EnvSwitch:
 
     Switching to an instance first takes back the variables the previous one set and this
     one does not (restoring what the process had), so instances sharing a process never
-    see each other's extra variables.
+    see each other's extra variables. A variable both set to the same value is left as it
+    is: light ranks of one group differ in their rank variables only, and setting a
+    variable (``putenv``) is most of what a switch costs.
     """
 
     def __init__(self) -> None:
         self._original: dict[str, str | None] = {}
-        self._applied: set[str] = set()
+        self._values: dict[str, str] = {}  # what this switch put in place
 
     @contextlib.contextmanager
     def use(self, env: dict[str, str]) -> Iterator[None]:
@@ -39,16 +41,20 @@ class EnvSwitch:
 
     def switch(self, env: dict[str, str]) -> None:
         """Make ``env`` the extra variables in place, taking back the previous ones."""
-        for key in self._applied - env.keys():
+        values = self._values
+        for key in values.keys() - env.keys():
             original = self._original.pop(key)
             if original is None:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = original
-        for key in env.keys() - self._applied:
-            self._original[key] = os.environ.get(key)
-        os.environ.update(env)
-        self._applied = set(env)
+        for key, value in env.items():
+            if key not in values:
+                self._original[key] = os.environ.get(key)
+            elif values[key] == value:
+                continue
+            os.environ[key] = value
+        self._values = dict(env)
 
 
 class EnvGate:
