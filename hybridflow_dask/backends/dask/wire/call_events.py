@@ -18,7 +18,14 @@ import msgpack
 
 from .keys import CALL_STAMPS
 
-__all__ = ["CALL_FIELDS", "FinishedCall", "calls_event", "finished_calls"]
+__all__ = [
+    "CALL_FIELDS",
+    "FinishedCall",
+    "call_row",
+    "calls_event",
+    "finished_calls",
+    "rows_event",
+]
 
 #: A finished call's fields, in the order its row carries them (see ``CALL_TOPIC``).
 CALL_FIELDS = (
@@ -36,11 +43,32 @@ CALL_FIELDS = (
 _ROW_LENGTH = len(CALL_FIELDS)
 
 
-def calls_event(calls: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
-    """The event for ``calls`` (each a mapping of ``CALL_FIELDS``; a field left out is
-    sent as absent). A value msgpack cannot carry travels as its ``str``."""
-    rows = [[call.get(name) for name in CALL_FIELDS] for call in calls]
+def call_row(
+    key: str,
+    group: str,
+    method: str,
+    rank: Any,
+    worker: str,
+    path: str,
+    stamps: tuple[float, float, float, float, float],
+    status: str,
+    nbytes: int,
+    error: Any,
+) -> list[Any]:
+    """One finished call's row (``stamps`` in ``CALL_STAMPS`` order), as a worker sends it."""
+    return [key, group, method, rank, worker, path, *stamps, status, nbytes, error]
+
+
+def rows_event(rows: list[list[Any]]) -> dict[str, bytes]:
+    """The event for ``rows`` (each a ``call_row``). A value msgpack cannot carry travels
+    as its ``str``."""
     return {"rows": msgpack.packb(rows, default=str)}
+
+
+def calls_event(calls: Iterable[Mapping[str, Any]]) -> dict[str, bytes]:
+    """The event for ``calls``, each a mapping of ``CALL_FIELDS`` (a field left out is
+    sent as absent): what a test or another sender builds."""
+    return rows_event([[call.get(name) for name in CALL_FIELDS] for call in calls])
 
 
 class FinishedCall(NamedTuple):

@@ -27,7 +27,7 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 from ...base import InstanceRef
-from ..wire.call_events import calls_event
+from ..wire.call_events import call_row, rows_event
 from ..wire.keys import CALL_STAMPS, CALL_TOPIC
 
 __all__ = ["CallLog", "CallRecord", "error_detail"]
@@ -56,9 +56,8 @@ class CallRecord:
 
     def __init__(self, ref: InstanceRef, key: str, method: str, path: str) -> None:
         self.ref, self.key, self.method, self.path = ref, key, method, path
-        for stamp in CALL_STAMPS:
-            setattr(self, stamp, None)
         self.received = time.time()
+        self.inputs = self.start = self.stop = self.replied = None
         self.told = ""  # the pending state last reported to the scheduler
 
     def state(self) -> str:
@@ -74,7 +73,7 @@ class CallLog:
         self.worker = worker
         self._lock = threading.Lock()
         self._pending: set[CallRecord] = set()
-        self._finished: list[dict] = []
+        self._finished: list[list[Any]] = []  # rows (``call_row``) not sent yet
         self._loop = worker.loop.asyncio_loop
         self._scan = PeriodicCallback(self._report_pending, SCAN_INTERVAL_S * 1000)
         self._scan.start()
@@ -90,19 +89,27 @@ class CallLog:
 
     def end(self, record: CallRecord, error: BaseException | None = None, nbytes: int = 0) -> None:
         """The call was answered (or its result kept): queue its record for the scheduler."""
-        entry = self._entry(record)
-        record.replied = time.time()
+        replied = record.replied = time.time()
         # Stamps a call never reached (refused, or its inputs failed) take the time of the
         # one before: a call that never ran spans no run time.
-        last = record.received
-        for stamp in CALL_STAMPS:
-            last = entry[stamp] = getattr(record, stamp) or last
-        entry.update(status="OK" if error is None else "error", nbytes=nbytes)
-        if error is not None:
-            entry["error"] = error_detail(error)
+        inputs = record.inputs or record.received
+        start = record.start or inputs
+        ref = record.ref
+        row = call_row(
+            record.key,
+            ref.group,
+            record.method,
+            ref.rank,
+            self.worker.address,
+            record.path,
+            (record.received, inputs, start, record.stop or start, replied),
+            "OK" if error is None else "error",
+            nbytes,
+            None if error is None else error_detail(error),
+        )
         with self._lock:
             self._pending.discard(record)
-            self._finished.append(entry)
+            self._finished.append(row)
             first = len(self._finished) == 1
         if first:
             with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
@@ -111,9 +118,9 @@ class CallLog:
     def send(self) -> None:
         """One event for the calls finished since the last one (on the worker's loop)."""
         with self._lock:
-            calls, self._finished = self._finished, []
-        if calls:
-            self.worker.log_event(CALL_TOPIC, calls_event(calls))
+            rows, self._finished = self._finished, []
+        if rows:
+            self.worker.log_event(CALL_TOPIC, rows_event(rows))
 
     def _report_pending(self) -> None:
         now = time.time()
