@@ -479,10 +479,7 @@ class DaskBackend:
             for call in calls:
                 self._path.skip(call.ref, call.seq)
             raise
-        for future, call in zip(futures, calls):
-            self._live.track(
-                future, call.ref.slot, call.ref, (call.args, call.kwargs), call.seq, deadline
-            )
+        self._live.track_calls(futures, calls, deadline)
         return futures
 
     def submit(

@@ -24,7 +24,7 @@ from distributed import Future
 
 from ...base import InstanceRef, Slot
 
-__all__ = ["CallPath", "RankCall"]
+__all__ = ["CallPath", "RankCall", "same_objects"]
 
 
 class RankCall(NamedTuple):
@@ -34,6 +34,16 @@ class RankCall(NamedTuple):
     seq: int
     args: tuple
     kwargs: dict
+
+
+def same_objects(a: tuple | dict, b: tuple | dict) -> bool:
+    """Whether ``a`` and ``b`` hold the very same objects, position by position (or key
+    by key): ranks of one call given the same arguments share what is made of them."""
+    if a is b or (not a and not b):
+        return True
+    if type(a) is dict:
+        return type(b) is dict and a.keys() == b.keys() and all(a[k] is b[k] for k in a)
+    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 class CallPath(Protocol):

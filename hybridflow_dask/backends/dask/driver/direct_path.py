@@ -52,7 +52,7 @@ from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
-from .call_path import RankCall
+from .call_path import RankCall, same_objects
 from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in
@@ -807,20 +807,13 @@ class _Shared:
     def get(self, args: tuple, kwargs: dict) -> Any:
         if self.args is None or self.kwargs is None:
             return None
-        if _same(args, self.args) and _same(kwargs, self.kwargs):
+        if same_objects(args, self.args) and same_objects(kwargs, self.kwargs):
             return self.made
         return None
 
     def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
         self.args, self.kwargs, self.made = args, kwargs, made
         return made
-
-
-def _same(a: Any, b: Any) -> bool:
-    """The same objects, position by position (or key by key)."""
-    if type(a) is dict:
-        return a.keys() == b.keys() and all(a[k] is b[k] for k in a)
-    return len(a) == len(b) and all(x is y for x, y in zip(a, b))
 
 
 def _nested_futures(values: Any) -> list[Future]:

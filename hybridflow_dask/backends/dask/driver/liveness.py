@@ -21,6 +21,7 @@ from typing import Any
 from distributed import Future
 
 from ...base import InstanceRef, Slot, WorkerLostError, WorkerUnreachableError
+from .call_path import RankCall, same_objects
 
 __all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error", "unreachable_error"]
 
@@ -69,8 +70,33 @@ class Liveness:
     ) -> None:
         """Remember where ``future``'s task runs, which processes its inputs need and,
         for a call, its number on its instance and its deadline (``time.time()``)."""
+        self._track(future, slot, ref, futures_in(args), seq, deadline)
+
+    def track_calls(
+        self, futures: Sequence[Future], calls: Sequence[RankCall], deadline: float | None
+    ) -> None:
+        """``track`` each rank's part of one call: ranks given the very same argument
+        objects (``ONE_TO_ALL``) are searched for input futures once."""
+        inputs: list[Future] = []
+        last: RankCall | None = None
+        for future, call in zip(futures, calls):
+            if last is None or not (
+                same_objects(call.args, last.args) and same_objects(call.kwargs, last.kwargs)
+            ):
+                inputs, last = futures_in((call.args, call.kwargs)), call
+            self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
+
+    def _track(
+        self,
+        future: Future,
+        slot: Slot,
+        ref: InstanceRef | None,
+        inputs: list[Future],
+        seq: int | None,
+        deadline: float | None,
+    ) -> None:
         needs = {slot.worker_id}
-        for dep in futures_in(args):
+        for dep in inputs:
             needs |= self._tasks.get(dep.key, _NOTHING)[2]
         key = future.key
         self._tasks[key] = (slot, ref, frozenset(needs))
