@@ -152,11 +152,15 @@ def device_transfer(value: str | None = None) -> str:
 
 def task_stream_length() -> int | None:
     """How many records a task stream the monitor starts keeps (``task-stream-length``)."""
-    value = dask.config.get("hybridflow.task-stream-length", None)
-    return None if value is None else int(value)
+    return _length("hybridflow.task-stream-length")
 
 
 def message_log_length() -> int | None:
     """How many recent batches an owned cluster's Dask streams keep (``message-log-length``)."""
-    value = dask.config.get("hybridflow.message-log-length", None)
+    return _length("hybridflow.message-log-length")
+
+
+def _length(key: str) -> int | None:
+    """A bound on one of Dask's histories; ``None`` (null) keeps Dask's own."""
+    value = dask.config.get(key, None)
     return None if value is None else int(value)

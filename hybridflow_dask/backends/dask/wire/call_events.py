@@ -112,11 +112,9 @@ def _finished(row: Any) -> FinishedCall | None:
     # One pass per row, no intermediate dict: the scheduler reads a row per rank per call.
     if type(row) is not list or len(row) != _ROW_LENGTH:
         return None
-    key, group, method, rank, worker, path, received, inputs, start, stop, replied = row[:11]
-    status, nbytes, error = row[11:]
-    if not (type(key) is str and type(group) is str and type(method) is str):
-        return None
-    if type(worker) is not str:
+    key, group, method, rank, worker, path, received, inputs, start, stop, replied, *rest = row
+    status, nbytes, error = rest
+    if not all(type(field) is str for field in (key, group, method, worker)):
         return None
     try:
         start, stop = float(start), float(stop)
