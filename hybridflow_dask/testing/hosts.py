@@ -295,12 +295,14 @@ class Hosts:
         hosts whose launcher died, with their logs' tails)."""
         from distributed import Client
 
+        from ..backends.dask.internals import workers_of
+
         deadline = time.monotonic() + timeout
         self._wait_for_port(self.scheduler, SCHEDULER_PORT, deadline)
         with Client(
             self.scheduler_address, security=self.security, timeout=timeout, set_as_default=False
         ) as client:
-            while len(client.scheduler_info(n_workers=-1)["workers"]) < count:
+            while len(workers_of(client)) < count:
                 if time.monotonic() > deadline:
                     raise TimeoutError(
                         f"hosts: fewer than {count} workers after {timeout}s{self._deaths()}"

@@ -20,6 +20,7 @@ from distributed import Client, LocalCluster
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, WorkerLostError
+from hybridflow_dask.backends.dask.internals import workers_of
 
 PATHS = ["direct", "task"]
 
@@ -89,7 +90,7 @@ def test_a_rank_resolving_its_own_future_on_single_threaded_workers_does_not_dea
     producer = hf_worker_group(Producer, [2], backend=path_backend)
     consumer = hf_worker_group(Consumer, [1], backend=path_backend)
     address = consumer._refs[0].slot.address
-    assert path_backend.client.scheduler_info()["workers"][address]["nthreads"] == 1
+    assert workers_of(path_backend.client)[address]["nthreads"] == 1
     out = consumer.resolve_itself(producer.make(rows(6)))  # a deadlock: the 60 s call-timeout
     assert torch.equal(out.batch["x"], torch.arange(6, dtype=torch.float32) + 1)
     assert consumer.ping() == ["pong"]  # the instance is not wedged

@@ -21,6 +21,7 @@ from distributed import Client
 from distributed.diagnostics.task_stream import rectangles
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
+from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.backends.dask.scheduler.dashboard import register_group_monitor
 from hybridflow_dask.backends.dask.wire.call_events import calls_event
 from hybridflow_dask.backends.dask.wire.keys import CALL_TOPIC, GROUP_DATASET
@@ -52,7 +53,7 @@ def client(hf_dask_cluster: Any) -> Iterator[Client]:
 def group(client: Client) -> Iterator[tuple[str, list[str]]]:
     """A published two-rank group on two real workers, as the backend publishes one."""
     name = f"direct-{uuid.uuid4().hex[:6]}"
-    workers = sorted(client.scheduler_info(n_workers=-1)["workers"])[:2]
+    workers = sorted(workers_of(client))[:2]
     refs = [
         InstanceRef(name, rank, Slot(rank, address, "127.0.0.1"), "Actor")
         for rank, address in enumerate(workers)

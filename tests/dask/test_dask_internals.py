@@ -5,9 +5,9 @@ from __future__ import annotations
 import time
 
 import dask
-from distributed import get_client
+from distributed import Client, get_client
 
-from hybridflow_dask.backends.dask.internals import adopt_future
+from hybridflow_dask.backends.dask.internals import adopt_future, workers_of
 
 
 class Box:
@@ -28,11 +28,22 @@ def _read_boxed(box):
 
 def test_a_worker_can_adopt_a_future_that_travelled_inside_an_argument(hf_dask_backend):
     client = hf_dask_backend.client
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_of(client))
     made = client.submit(_inc, 1, workers=workers[:1], pure=False)
     made.result()
     read = client.submit(_read_boxed, Box(made), workers=workers[1:2], pure=False)
     assert read.result(timeout=30) == 2
+
+
+def test_the_workers_asked_for_are_all_there_while_the_clients_own_refresh_runs(
+    hf_dask_backend,
+):
+    address = hf_dask_backend.client.scheduler.address
+    expected = set(workers_of(hf_dask_backend.client))
+    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
+        with Client(address, set_as_default=False) as client:
+            answers = [set(workers_of(client)) for _ in range(300)]
+    assert expected and all(answer == expected for answer in answers)
 
 
 # ---- what the direct call path relies on --------------------------------------------------
@@ -50,7 +61,7 @@ def _install_handler(dask_worker):
 
 def test_a_worker_answers_a_handler_added_to_its_table(hf_dask_backend):
     client = hf_dask_backend.client
-    address = sorted(client.scheduler_info()["workers"])[0]
+    address = sorted(workers_of(client))[0]
     client.run(_install_handler, workers=[address])
 
     async def ask():
@@ -84,7 +95,7 @@ def _worker_seen_from_a_thread_of_our_own(dask_worker):
 
 def test_a_thread_of_our_own_can_enter_the_worker_for_dasks_worker_api(hf_dask_backend):
     client = hf_dask_backend.client
-    address = sorted(client.scheduler_info()["workers"])[0]
+    address = sorted(workers_of(client))[0]
     seen = client.run(_worker_seen_from_a_thread_of_our_own, workers=[address])[address]
     assert seen == {"before": None, "after": address}
 
@@ -107,7 +118,7 @@ def test_a_key_stored_on_a_worker_and_registered_is_an_ordinary_future(hf_dask_b
     )
 
     client = hf_dask_backend.client
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_of(client))
     key = "canary.kept-0123456789abcdef0123456789abcdef"
     future = pending_future(client, key)
     assert future.status == "pending"  # nothing computes it: we set its outcome
@@ -323,7 +334,7 @@ def test_fetching_a_key_held_elsewhere_asks_the_borrower_first_then_dask(hf_dask
     from hybridflow_dask.backends.dask.internals import finish_future, pending_future
 
     client = hf_dask_backend.client
-    workers = sorted(client.scheduler_info()["workers"])
+    workers = sorted(workers_of(client))
     key = "canary.fetched-0123456789abcdef0123456789abcdef"
     future = pending_future(client, key)
     client.run(_keep, key, client.id, workers=workers[:1])

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 
 from hybridflow_dask.backends.base import Slot
+from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.backends.dask.worker.tasks import worker_port
 from hybridflow_dask.backends.hosting import find_free_port
 from hybridflow_dask.backends.local import LocalBackend
@@ -60,6 +61,6 @@ def test_no_caller_binds_the_wildcard_address(binds):
 
 def test_a_dask_worker_probes_the_host_of_its_own_address(hf_dask_backend):
     client = hf_dask_backend.client
-    address = next(iter(client.scheduler_info(n_workers=-1)["workers"]))
+    address = next(iter(workers_of(client)))
     port = client.run(worker_port, workers=[address])[address]
     assert 0 < port < 65536

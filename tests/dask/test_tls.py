@@ -21,6 +21,7 @@ from hybridflow_dask.backends import SchedulerUnreachableError
 from hybridflow_dask.backends.dask.driver import backend as dask_backend
 from hybridflow_dask.backends.dask.driver import connect
 from hybridflow_dask.backends.dask.driver.lane import Lane
+from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.backends.dask.wire.lane_protocol import lane_host
 
 
@@ -91,7 +92,7 @@ def host_port(address: str) -> str:
 def test_an_owned_cluster_speaks_only_tls(tls_backend):
     address = tls_backend.client.scheduler.address
     assert address.startswith("tls://")
-    workers = tls_backend.client.scheduler_info(n_workers=-1)["workers"]
+    workers = workers_of(tls_backend.client)
     assert workers and all(w.startswith("tls://") for w in workers)
     assert call_double(tls_backend) == [42]
 

@@ -21,6 +21,7 @@ from gpu_helpers import (
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.rank_env import gpu_id
 
 pytestmark = [pytest.mark.gpu, pytest.mark.cluster]  # a GPU cluster (tests/conftest.py)
@@ -47,7 +48,7 @@ def test_the_owned_backend_starts_a_local_cuda_cluster_with_one_worker_per_gpu(b
     assert backend.choice.kind == "LocalCUDACluster", backend.choice.reason
     assert isinstance(backend.cluster, dask_cuda.LocalCUDACluster)
     assert backend.choice.gpus == gpu_count()
-    assert len(backend.client.scheduler_info(n_workers=-1)["workers"]) == gpu_count()
+    assert len(workers_of(backend.client)) == gpu_count()
 
 
 def test_a_rank_sees_its_own_gpu_as_cuda_0_with_a_consistent_rank_env(backend):

@@ -25,6 +25,7 @@ from hybridflow_dask.backends import (
     WorkerLostError,
     WorkerUnreachableError,
 )
+from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.examples.grpo import GRPOConfig, run_demo
 
 BOUND_S = 3.0
@@ -96,7 +97,7 @@ def host_of_rank(hosts, group, rank: int) -> int:
 
 def workers_on(client, host_ip: str) -> set[str]:
     """Addresses of the workers on a host (a restarted worker listens on a new port)."""
-    workers = client.scheduler_info(n_workers=-1)["workers"]
+    workers = workers_of(client)
     return {a for a, w in workers.items() if w["host"] == host_ip}
 
 

@@ -11,7 +11,8 @@ needs a future that travelled inside an argument to work in the worker's client
 the scheduler's keep shorter logs of recent messages (``cap_message_log``). On the
 scheduler, the dashboard page reads the published datasets, draws calls in Dask's task
 stream and adds a tab to Dask's navigation bar; an owned cluster overrides two
-``SpecCluster`` methods. ``tests/dask/test_dask_internals.py``
+``SpecCluster`` methods. The list of workers is asked of the scheduler itself
+(``workers_of``): the client's cached answer races the client's own refresh. ``tests/dask/test_dask_internals.py``
 exercises each one for real and fails loudly when a Dask release changes it;
 ``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
 """
@@ -56,6 +57,7 @@ __all__ = [
     "wait_all",
     "wait_future",
     "worker_id_of",
+    "workers_of",
 ]
 
 #: How often ``fetch_keys`` asks a busy holder again.
@@ -83,6 +85,16 @@ def scheduler_streams(scheduler: Any, worker: str | None = None) -> list[Any]:
     if worker is not None:
         return [s for s in [scheduler.stream_comms.get(worker)] if s is not None]
     return [*scheduler.stream_comms.values(), *scheduler.client_comms.values()]
+
+
+def workers_of(client: Any) -> dict[str, dict]:
+    """Every worker the scheduler knows, asked for now.
+
+    ``Client.scheduler_info(n_workers=-1)`` fetches the workers into a cache it then reads,
+    and the client's periodic refresh (which fetches no workers) can overwrite that cache in
+    between: about one call in twenty answered "no workers" with a refresh every 5 ms.
+    """
+    return client.sync(client.scheduler.identity, n_workers=-1)["workers"]
 
 
 async def worker_id_of(client: Any, address: str, timeout: float) -> str | None:

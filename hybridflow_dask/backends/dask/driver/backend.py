@@ -46,7 +46,7 @@ from ..config import (
 )
 from ..config import device_transfer as config_device_transfer
 from ..config import ranks_per_worker as config_ranks_per_worker
-from ..internals import cap_message_log, published_value, worker_id_of
+from ..internals import cap_message_log, published_value, worker_id_of, workers_of
 from ..scheduler.dashboard import register_group_monitor
 from ..scheduler.deaths import DEATH_TOPIC, register_worker_deaths
 from ..scheduler.message_logs import register_message_log_cap
@@ -783,7 +783,7 @@ class DaskBackend:
         )
 
     def _workers(self) -> dict[str, dict]:
-        return self.client.scheduler_info(n_workers=-1)["workers"]
+        return workers_of(self.client)
 
     def _free_workers(self) -> list[WorkerInfo]:
         workers = self._workers()
