@@ -40,9 +40,9 @@ def test_the_workers_asked_for_are_all_there_while_the_clients_own_refresh_runs(
 ):
     address = hf_dask_backend.client.scheduler.address
     expected = set(workers_of(hf_dask_backend.client))
-    with dask.config.set({"distributed.client.scheduler-info-interval": "5ms"}):
-        with Client(address, set_as_default=False) as client:
-            answers = [set(workers_of(client)) for _ in range(300)]
+    refresh = {"distributed.client.scheduler-info-interval": "5ms"}
+    with dask.config.set(refresh), Client(address, set_as_default=False) as client:
+        answers = [set(workers_of(client)) for _ in range(300)]
     assert expected and all(answer == expected for answer in answers)
 
 

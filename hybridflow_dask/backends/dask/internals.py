@@ -12,9 +12,9 @@ the scheduler's keep shorter logs of recent messages (``cap_message_log``). On t
 scheduler, the dashboard page reads the published datasets, draws calls in Dask's task
 stream and adds a tab to Dask's navigation bar; an owned cluster overrides two
 ``SpecCluster`` methods. The list of workers is asked of the scheduler itself
-(``workers_of``): the client's cached answer races the client's own refresh. ``tests/dask/test_dask_internals.py``
-exercises each one for real and fails loudly when a Dask release changes it;
-``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
+(``workers_of``): the client's cached answer races the client's own refresh.
+``tests/dask/test_dask_internals.py`` exercises each one for real and fails loudly when
+a Dask release changes it; ``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
 """
 
 from __future__ import annotations
