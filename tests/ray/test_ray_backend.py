@@ -25,6 +25,7 @@ import hybridflow_dask as hf  # noqa: E402
 from hybridflow_dask import runtime  # noqa: E402
 from hybridflow_dask.backends.ray import RayBackend, RayFuture  # noqa: E402
 from hybridflow_dask.backends.ray import futures as ray_futures  # noqa: E402
+from hybridflow_dask.backends.ray.worker.slot_actor import CALL_THREADS  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -100,6 +101,15 @@ def test_a_long_call_does_not_hold_up_routing_on_its_slot(groups, backend):
     assert backend.gather([routed]) == pids
     assert time.monotonic() - start < 2.0, "a routing function waited for a method to end"
     assert hf.get(sleeping) == [3.0]
+
+
+def test_more_calls_than_a_slot_actor_has_threads_wait_in_ray_and_run_in_order(groups, backend):
+    group = groups([1])
+    ref = group.workers[0]
+    group.sleep(1.0)  # every later call waits for its turn, holding a thread or in Ray's queue
+    calls = CALL_THREADS + 50
+    futures = [backend.call(ref, "count", (), {}, label="t.count") for _ in range(calls)]
+    assert backend.gather(futures) == list(range(1, calls + 1))
 
 
 def test_a_result_is_captured_before_the_next_call_changes_it(groups):

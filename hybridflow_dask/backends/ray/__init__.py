@@ -23,8 +23,8 @@ maps onto Ray:
   passed to another group rides inside the call and is awaited by the consuming host,
   so Ray moves the data node to node, never through the driver. Ray captures arguments
   when the call is made (it serializes them in ``.remote()``); results are copied in the
-  instance's thread as the method returns, because an async actor's return value is
-  serialized after the coroutine ends, when the next call may already run.
+  instance's thread as the method returns, because Ray serializes a return value after
+  the instance's thread has handed it over, when the next call may already run.
 - **Order is the driver's.** Each instance's calls carry a sequence number per driver
   and run one at a time in that order (Ray keeps submission order only for
   single-threaded actors, which would serialize colocated instances too).

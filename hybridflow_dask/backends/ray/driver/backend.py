@@ -24,7 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..futures import RayFuture, SlotRunner, mark_inputs, resolve_all, translate
-from ..worker.slot_actor import SlotActor
+from ..worker.slot_actor import CALL_THREADS, CONCURRENCY_GROUPS, SlotActor
 from .connect import check_answers, with_driver_paths
 from .registry import REGISTRY_NAME, RegistryActor
 
@@ -36,14 +36,12 @@ logger = logging.getLogger(__name__)
 NAMESPACE = "hybridflow"
 #: The logical resource a cluster the backend starts has one of per slot.
 SLOT_RESOURCE = "hf_slot"
-#: Calls one slot actor may have in flight (waiting for their turn or running).
-MAX_CONCURRENCY = 10_000
 #: How long new slot actors may take to start (a process importing torch, on a busy machine).
 START_WAIT_S = 120.0
 #: How long a short question to a slot actor (a port, the registry) may take.
 ASK_WAIT_S = 60.0
 
-_SlotActor: Any = ray.remote(SlotActor)
+_SlotActor: Any = ray.remote(concurrency_groups=CONCURRENCY_GROUPS)(SlotActor)
 
 
 @dataclass(eq=False)
@@ -445,7 +443,7 @@ class RayBackend:
             num_cpus=cpus,
             num_gpus=gpus,
             resources=resources,
-            max_concurrency=MAX_CONCURRENCY,
+            max_concurrency=CALL_THREADS,
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=index

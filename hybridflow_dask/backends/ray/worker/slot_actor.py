@@ -1,38 +1,46 @@
 """The cluster side of the Ray backend: one ``SlotActor`` per slot.
 
-A ``SlotActor`` is an async Ray actor living in one placement-group bundle. It hosts every
-instance placed on its slot (the ranks of colocated groups) in the backend-neutral
+A ``SlotActor`` is a threaded Ray actor living in one placement-group bundle. It hosts
+every instance placed on its slot (the ranks of colocated groups) in the backend-neutral
 ``hosting.Instances``: an actor each (a thread, an event loop for ``async def`` methods,
 an environment switched in while it runs, calls taken in the driver's sequence order),
 and the one call flow every backend's calls go through. This module only translates
-Ray's actor calls into that flow. The actor's own event loop only receives messages, awaits
-inputs and hands calls over, so a long method never holds up a routing function, the
-fetching of other calls' inputs, or the ``watch`` call the driver uses to see this
-process die. (Colocated instances with different environments still take turns: there
-is one ``os.environ`` per process, and the ``EnvGate`` lets only calls of equal
-environments run at once.)
+Ray's actor calls into that flow. Ray runs each actor call on a thread of one of three
+concurrency groups: ``calls`` (creations, calls and teardowns, which wait there for
+their inputs and their instance's turn), ``control`` (the driver's short questions and
+``skip``, which must get through while calls wait for the turn it gives up), and
+``fns`` (routing functions); ``watch``, the call the driver uses to see this process
+die, waits on a group of its own. So a long method never holds up a routing function,
+another instance's call or the driver's questions. (Colocated instances with different
+environments still take turns: there is one ``os.environ`` per process, and the
+``EnvGate`` lets only calls of equal environments run at once.)
+
+A threaded actor, not an async one: Ray's thread hands a call to its instance's thread
+and waits, which costs less per call than an event loop in between (a quarter less for
+a no-op call, measured). A waiting call holds its thread, and Ray takes a caller's calls
+in the order they arrive, so the earliest call not yet run always has a thread: later
+calls waiting for its turn cannot keep it out.
 
 Three things are done here rather than left to Ray, each for a reason:
 
-- **inputs** arrive as ``Input`` references and are awaited here, not resolved by Ray
-  before the task starts: a call whose input failed must still take its turn (and give
-  it up), or every later call on its instance would wait for it forever;
+- **inputs** arrive as ``Input`` references and are fetched here (``ray.get`` in the
+  call's thread), not resolved by Ray before the task starts: a call whose input failed
+  must still take its turn (and give it up), or every later call on its instance would
+  wait for it forever;
 - **order** comes from the driver's sequence numbers, not from Ray's actor queue: Ray
   keeps submission order only for single-threaded actors, which would run colocated
   instances and routing functions one at a time (and deadlock a method that resolves a
   future routed through its own slot);
 - **results** are copied in the instance's thread as the method returns (the flow's
-  ``"kept"`` results): Ray serializes an async actor's return value after the coroutine
-  has finished, by when the instance's next call may be changing it.
+  ``"kept"`` results): Ray serializes the return value after the call's thread gets it,
+  by when the instance's next call may be changing it.
 """
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
-import contextlib
 import os
 import socket
+import threading
 from typing import Any
 
 import ray
@@ -41,10 +49,12 @@ from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
 from ..futures import Input, has_inputs, is_lost, translate, writable
 
-__all__ = ["SlotActor"]
+__all__ = ["CONCURRENCY_GROUPS", "SlotActor"]
 
-#: Threads that run routing functions (``Backend.submit``) in one host.
-FN_THREADS = 4
+#: Threads per concurrency group of a slot actor (Ray makes them as the actor starts).
+#: ``calls`` bounds the calls a host has in flight at once (the rest wait in Ray's queue).
+CALL_THREADS = 128
+CONCURRENCY_GROUPS = {"control": 4, "fns": 4, "watch": 2}
 #: How long a call waits for its instance to be created (its create may still be
 #: fetching large arguments when the call arrives).
 BIRTH_WAIT_S = 60.0
@@ -58,11 +68,11 @@ class SlotActor:
     def __init__(self, address: str) -> None:
         self.address = address
         self.instances = Instances(PickleCopy())
+        self._lock = threading.Lock()
         self._gone: dict[str, None] = {}
-        self._born: dict[str, asyncio.Event] = {}
+        self._born: dict[str, threading.Event] = {}
         self._running = 0  # calls handed to an instance and not finished
-        self._forever = asyncio.Event()  # never set: what watch waits on
-        self._fns = concurrent.futures.ThreadPoolExecutor(FN_THREADS, thread_name_prefix="hf-fn")
+        self._forever = threading.Event()  # never set: what watch waits on
         self._node_ip = ray.util.get_node_ip_address()
 
     def __repr__(self) -> str:  # Ray prefixes the process's output lines with it
@@ -70,7 +80,8 @@ class SlotActor:
 
     # -- the driver's questions ------------------------------------------------------------
 
-    async def describe(self) -> dict[str, Any]:
+    @ray.method(concurrency_group="control")
+    def describe(self) -> dict[str, Any]:
         """Where this host runs: node address, pid, GPUs, actor id."""
         context = ray.get_runtime_context()
         return {
@@ -81,20 +92,23 @@ class SlotActor:
             "actor_id": context.get_actor_id(),
         }
 
-    async def watch(self) -> None:
+    @ray.method(concurrency_group="watch")
+    def watch(self) -> None:
         """Never returns while the process lives: Ray fails it when the process dies,
         which is how the driver learns of the death without asking."""
-        await self._forever.wait()
+        self._forever.wait()
 
-    async def free_port(self) -> int:
+    @ray.method(concurrency_group="control")
+    def free_port(self) -> int:
         return find_free_port(self._node_ip)
 
-    async def instance_count(self) -> int:
+    @ray.method(concurrency_group="control")
+    def instance_count(self) -> int:
         return len(self.instances)
 
     # -- instances and calls -----------------------------------------------------------------
 
-    async def create(
+    def create(
         self,
         ref: InstanceRef,
         cls: type,
@@ -105,116 +119,122 @@ class SlotActor:
         seq: int,
     ) -> None:
         """Build ``cls(*args, **kwargs)`` in a new ``Actor`` with ``env`` in place."""
-        self._gone.pop(ref.key, None)
+        with self._lock:
+            self._gone.pop(ref.key, None)
+
+        def resolve(args: tuple, kwargs: dict) -> Resolved:
+            self._announce(ref.key)  # its actor is in the table: waiting calls may go on
+            return _resolve(args, kwargs)
+
         call = Call(ref.key, driver, seq, "__init__", args, kwargs)
-        construct = self.instances.construct(ref, cls, env, call, _resolve)
-        building = asyncio.ensure_future(construct)
-        await asyncio.sleep(0)  # it has put the actor in the table: waiting calls may go on
-        born = self._born.pop(ref.key, None)
-        if born is not None:
-            born.set()
         try:
-            await building
+            self.instances.construct_now(ref, cls, env, call, resolve).result()
         except BaseException:
             self._forget(ref.key)
             raise
+        finally:
+            self._announce(ref.key)  # a create refused before its look-up wakes them too
 
-    async def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
+    def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
         """Run one method at its turn; its result, captured as the method returned.
 
         ``message`` is ``(key, driver, seq, method, args, kwargs)``: one argument, as Ray
         handles each argument of a call on its own (a quarter of a no-op call's cost).
         """
         key, driver, seq, method, args, kwargs = message
-        await self._actor(key)
-        self._running += 1
+        self._actor(key)
+        with self._lock:
+            self._running += 1
         try:
             call = Call(key, driver, seq, method, args, kwargs)
-            return await self.instances.serve(call, _resolve, _as_is)
+            return self.instances.serve_now(call, _resolve).result()
         finally:
-            self._running -= 1
+            with self._lock:
+                self._running -= 1
 
-    async def skip(self, key: str, driver: str, seq: int) -> None:
+    @ray.method(concurrency_group="control")
+    def skip(self, key: str, driver: str, seq: int) -> None:
         """Call ``seq`` never came (its message could not be sent): later calls go ahead."""
         self.instances.withdraw(key, driver, seq)
 
-    async def destroy(self, key: str, driver: str, seq: int) -> None:
+    def destroy(self, key: str, driver: str, seq: int) -> None:
         """Drop the instance after the calls issued before this."""
         try:
-            await asyncio.wrap_future(self.instances.close(key, driver, seq))
+            self.instances.close(key, driver, seq).result()
         finally:
             self._forget(key)
 
-    async def run(self, fn: Any, args: tuple, label: str) -> Any:
+    @ray.method(concurrency_group="fns")
+    def run(self, fn: Any, args: tuple, label: str) -> Any:
         """A plain function (row routing) on this host's threads, next to its inputs."""
-        values = await _resolve_values(args)
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self._fns, lambda: fn(*values))
+        return fn(*_resolve_values(args))
 
-    async def reset(self) -> bool:
+    @ray.method(concurrency_group="control")
+    def reset(self) -> bool:
         """Drop every instance: the slot was given back, to be kept for the next pool
         (``RayBackend(reuse_processes=True)``). ``False`` when a call is still running
         (its thread would keep the process busy): the driver stops the host instead."""
         for key in list(self.instances.keys()):
             self._forget(key)
-        return self._running == 0
+        with self._lock:
+            return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
 
-    async def _actor(self, key: str) -> Actor:
+    def _actor(self, key: str) -> Actor:
         actor = self.instances.get(key)
+        if actor is None:
+            with self._lock:  # its create may still be on its way
+                gone = key in self._gone
+                born = None if gone else self._born.setdefault(key, threading.Event())
+            actor = self.instances.get(key)  # announced since the first look
+            if actor is None and born is not None:
+                born.wait(BIRTH_WAIT_S)
+                actor = self.instances.get(key)
         if actor is not None:
             return actor
-        if key not in self._gone:  # its create may still be on its way
-            born = self._born.setdefault(key, asyncio.Event())
-            with contextlib.suppress(asyncio.TimeoutError):
-                await asyncio.wait_for(born.wait(), BIRTH_WAIT_S)
-            self._born.pop(key, None)
-            actor = self.instances.get(key)
-            if actor is not None:
-                return actor
         raise LookupError(
             f"instance {key.split('#')[0]!r} is not in slot actor {self.address}: its group "
             "was shut down, or its process was replaced (see WorkerGroup.recover)"
         )
 
+    def _announce(self, key: str) -> None:
+        with self._lock:
+            born = self._born.pop(key, None)
+        if born is not None:
+            born.set()
+
     def _forget(self, key: str) -> None:
         self.instances.forget(key)
-        self._gone[key] = None
-        while len(self._gone) > GONE_KEPT:
-            self._gone.pop(next(iter(self._gone)))
+        with self._lock:
+            self._gone[key] = None
+            while len(self._gone) > GONE_KEPT:
+                self._gone.pop(next(iter(self._gone)))
 
 
-async def _as_is(value: Any) -> tuple[Any, int]:
-    """Ray serializes the result itself, once the call returns."""
-    return value, 0
-
-
-async def _resolve(args: tuple, kwargs: dict) -> Resolved:
+def _resolve(args: tuple, kwargs: dict) -> Resolved:
     """Inputs fetched by Ray are this call's own copies: nothing the flow must copy."""
-    return await _resolve_values(args), await _resolve_values(kwargs), ()
+    return _resolve_values(args), _resolve_values(kwargs), ()
 
 
-async def _resolve_values(values: Any) -> Any:
-    """A call's ``args`` or ``kwargs`` with each ``Input`` awaited (fetched by Ray from
-    wherever it lives) and read-only arrays made writable."""
+def _resolve_values(values: Any) -> Any:
+    """A call's ``args`` or ``kwargs`` with each ``Input`` fetched by Ray from wherever it
+    lives (in this thread, all at once), and read-only arrays made writable."""
     if not has_inputs(values):
         return writable(values)
     items = list(values.items()) if isinstance(values, dict) else list(enumerate(values))
     inputs = [(k, v) for k, v in items if isinstance(v, Input)]
-    got = await asyncio.gather(*(_fetch(v) for _, v in inputs), return_exceptions=True)
-    for value in got:  # the first failure in argument order
-        if isinstance(value, BaseException):
-            raise value
-    found = {k: value for (k, _), value in zip(inputs, got)}
+    refs = [v.ref for _, v in inputs]
+    ray.wait(refs, num_returns=len(refs), fetch_local=True)
+    found = {k: _fetch(v) for k, v in inputs}  # the first failure in argument order
     if isinstance(values, dict):
         return writable({k: found.get(k, v) for k, v in values.items()})
     return writable(tuple(found.get(i, v) for i, v in enumerate(values)))
 
 
-async def _fetch(item: Input) -> Any:
+def _fetch(item: Input) -> Any:
     try:
-        return await item.ref
+        return ray.get(item.ref)
     except Exception as exc:
         error = translate(exc, item)
         if is_lost(exc):
