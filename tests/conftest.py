@@ -58,6 +58,25 @@ def _reuse_worker_processes():
         yield
 
 
+@pytest.fixture(scope="session", autouse=True)
+def _forked_worker_processes():
+    """Worker processes this suite's clusters start are forked from one server process
+    that imported torch, Dask and the worker side once, instead of each importing them
+    afresh: a second backend of two workers is ready in about 0.3 s instead of 2 s here.
+    They are still separate processes (killed, restarted and replaced as before). The
+    server keeps the environment it started with: a test that changes ``os.environ`` for
+    its workers passes it to the cluster explicitly. The package's own clusters keep
+    Dask's default (a fresh interpreter per worker, safe with CUDA)."""
+    from distributed.utils import get_mp_context
+
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        server = get_mp_context()  # sets Dask's own list of modules to preload, once
+        server.set_forkserver_preload(
+            ["distributed", "torch", "hybridflow_dask.backends.dask.worker.plugin"]
+        )
+        yield
+
+
 @pytest.fixture(autouse=True)
 def _padding_off(monkeypatch: pytest.MonkeyPatch):
     """Every test starts with auto padding off, whatever the environment says."""
