@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 
+import dask
 import pytest
 import torch
 
@@ -48,10 +49,12 @@ def _loop_time() -> float:
 
 @pytest.fixture
 def fresh_backend():
-    """A cluster of its own: the consumer's workers are new processes."""
-    backend = DaskBackend(n_workers=4)
-    yield backend
-    backend.shutdown()
+    """A cluster of its own: the consumer's workers are new interpreters (Dask's spawn,
+    not the suite's forked workers, which have tensordict imported already)."""
+    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+        backend = DaskBackend(n_workers=4)
+        yield backend
+        backend.shutdown()
 
 
 def test_a_group_without_batches_never_imports_tensordict(fresh_backend):
