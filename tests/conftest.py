@@ -63,12 +63,13 @@ def _forked_worker_processes():
     """Worker processes this suite's clusters start are forked from one server process
     that imported torch, tensordict, Dask and the worker side once, instead of each
     importing them afresh: a second backend of two workers is ready in about 0.3 s instead
-    of 2 s here, and a worker's first batch does not wait for tensordict's import. The
-    tests about what a fresh worker imports start theirs with Dask's spawn.
-    They are still separate processes (killed, restarted and replaced as before). The
-    server keeps the environment it started with: a test that changes ``os.environ`` for
-    its workers passes it to the cluster explicitly. The package's own clusters keep
-    Dask's default (a fresh interpreter per worker, safe with CUDA)."""
+    of 2 s here, and a worker's first batch does not wait for tensordict's import.
+
+    They are still separate processes, killed, restarted and replaced as before. The
+    server keeps the environment it started with, so a test that needs a variable in its
+    workers passes it to the cluster, not to ``os.environ``; the tests about what a fresh
+    worker imports start theirs with Dask's spawn. The package's own clusters keep Dask's
+    default (a fresh interpreter per worker, safe with CUDA)."""
     from distributed.utils import get_mp_context
 
     with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
