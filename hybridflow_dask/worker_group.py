@@ -667,12 +667,21 @@ class WorkerGroup:
             return value
 
         ranks = list(ranks)
+        rank_args: list[tuple] = []
+        rank_kwargs: list[dict] = []
+        for rank in ranks:
+            a = (*route, *(pick(v, rank) for v in args))
+            kw = {k: pick(v, rank) for k, v in kwargs.items()}
+            if rank_args:  # ranks given the very same objects share one tuple and dict,
+                a, kw = _same_or(a, rank_args[-1]), _same_or(kw, rank_kwargs[-1])
+            rank_args.append(a)  # which a backend may pack once for all of them
+            rank_kwargs.append(kw)
         return call_ranks(
             self._backend,
             [self._refs[rank] for rank in ranks],
             target,
-            [(*route, *(pick(a, rank) for a in args)) for rank in ranks],
-            [{k: pick(v, rank) for k, v in kwargs.items()} for rank in ranks],
+            rank_args,
+            rank_kwargs,
             label=label,
             blocking=blocking,
         )
@@ -710,6 +719,24 @@ class WorkerGroup:
         check_inputs(
             self._backend, f"{self.name_prefix}.{method_name}", self.world_size, args, kwargs
         )
+
+
+_MISSING = object()
+
+
+def _same_or(made: Any, previous: Any) -> Any:
+    """``previous`` if it holds the very same objects as ``made`` (a tuple or a dict)."""
+    if len(made) != len(previous):
+        return made
+    if type(made) is dict:
+        for key, value in made.items():
+            if previous.get(key, _MISSING) is not value:
+                return made
+        return previous
+    for x, y in zip(made, previous):
+        if x is not y:
+            return made
+    return previous
 
 
 def _splits_per_rank(args: tuple, kwargs: dict, n: int) -> bool:

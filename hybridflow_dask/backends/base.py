@@ -75,6 +75,7 @@ skipped for it, with that reason. Absent means ``False``.
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -139,12 +140,14 @@ class InstanceRef:
     #: recovered rank), so a late teardown of the old one never touches the new one.
     uid: str = field(default_factory=lambda: uuid.uuid4().hex[:12])
 
-    @property
+    # Cached (in the instance's ``__dict__``, which a frozen dataclass still has): a
+    # group call reads them several times per rank.
+    @functools.cached_property
     def name(self) -> str:
         """``"{group}/{rank}"``: how people see the rank."""
         return f"{self.group}/{self.rank}"
 
-    @property
+    @functools.cached_property
     def key(self) -> str:
         """Unique per instance: what backends index instances and call order by."""
         return f"{self.name}#{self.uid}"

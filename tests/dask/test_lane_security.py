@@ -215,7 +215,7 @@ def test_connections_that_never_open_are_capped_and_others_still_get_in():
 
 def test_the_accept_loop_outlives_transient_errors():
     with _server() as server:
-        real = server._listener
+        real = server._listeners[0]  # the TCP one
         failures = iter([OSError(24, "Too many open files")] * 3)
 
         class Flaky:
@@ -228,7 +228,7 @@ def test_the_accept_loop_outlives_transient_errors():
             def __getattr__(self, name):  # shutdown(), close() at the end
                 return getattr(real, name)
 
-        server._listener = Flaky()  # what the accept loop calls next time
+        server._listeners[0] = Flaky()  # what the accept loop calls next time
         # The loop is blocked in the real accept now: the first connection goes through,
         # the next accepts fail three times, then the loop accepts again.
         assert _served(server) and _served(server)

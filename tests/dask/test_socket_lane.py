@@ -132,6 +132,37 @@ def test_a_connection_without_the_token_is_closed_unanswered():
         server.close()
 
 
+def test_a_local_socket_this_process_cannot_reach_falls_back_to_tcp():
+    """A worker's local socket is only reachable in its own network namespace: a driver
+    elsewhere (another machine, another namespace) connects over TCP instead."""
+    replies: list = []
+    server = LaneServer("127.0.0.1", lambda msg, reply: reply({"id": msg["id"], "n": msg["n"]}))
+    try:
+        assert server.local_name is not None  # Linux: the server offers one
+        for local, family in [
+            (server.local_name, socket.AF_UNIX),
+            ("\0hybridflow-lane-nobody-listens-here", socket.AF_INET),
+        ]:
+            got = threading.Event()
+            lane = Lane(
+                "127.0.0.1",
+                server.port,
+                server.token_for("test-driver"),
+                on_reply=lambda ctx, reply, got=got: (replies.append(reply["n"]), got.set()),
+                on_broken=lambda pending: None,
+                local=local,
+            )
+            try:
+                assert lane._raw.family == family
+                lane.request({"n": family}, "ctx")
+                assert got.wait(5), f"no reply over {family!r}"
+            finally:
+                lane.close()
+        assert replies == [socket.AF_UNIX, socket.AF_INET]
+    finally:
+        server.close()
+
+
 # -- on real workers, with and without the lane ---------------------------------------------
 
 
@@ -151,6 +182,14 @@ def test_blocking_calls_take_the_lane_only_where_it_is_on(lanes):
     assert len(set(pids)) == 2
     opened = [lane for lane in (backend._direct._lanes or {}).values() if lane is not None]
     assert len(opened) == (2 if path == "lane" else 0)
+
+
+def test_lanes_to_workers_of_the_drivers_own_network_namespace_use_the_local_socket(lanes):
+    path, backend, group = lanes
+    group.where()
+    opened = [lane for lane in (backend._direct._lanes or {}).values() if lane is not None]
+    families = [lane._raw.family for lane in opened]
+    assert families == ([socket.AF_UNIX] * 2 if path == "lane" else [])
 
 
 def test_the_method_runs_in_the_instance_thread_either_way(lanes):

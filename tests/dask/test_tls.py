@@ -189,9 +189,10 @@ def test_a_lane_peer_without_the_clusters_certificate_is_refused(tls_backend, se
     try:
         assert group.double(1) == [2]
         (slot,) = [ref.slot for ref in group._refs]
-        port, token_id, token = tls_backend._direct._ask(
+        port, token_id, token, local = tls_backend._direct._ask(
             "hf_lane", slot, 10, driver=tls_backend.driver_id
         )
+        assert local is None  # a TLS cluster's lanes are TCP (and TLS) only
         stranger = self_signed(certs, "lane-stranger").get_connection_args("client")
         with pytest.raises((ssl.SSLError, OSError)):
             Lane(

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import urllib.request
 
 import pytest
@@ -101,6 +102,19 @@ def test_each_rank_runs_on_its_own_host_and_rendezvous_at_rank_zeros(
     assert {s["master"] for s in seen} == {rank0_ip}
     # own PID namespaces: each host's worker is an early pid there, invisible to the others
     assert all(s["pid"] < 100 for s in seen)
+
+
+def test_lanes_to_other_hosts_are_tcp_even_though_they_offer_a_local_socket(
+    backend, hf_worker_group
+):
+    group = hf_worker_group(Where, [1, 1, 1], backend=backend)
+    group.where()
+    for ref in group._refs:  # each worker offers one, reachable in its own namespace only
+        offer = backend._direct._ask("hf_lane", ref.slot, 10, driver=backend.driver_id)
+        assert offer[3] is not None
+    opened = [lane for lane in (backend._direct._lanes or {}).values() if lane is not None]
+    assert len(opened) >= 3
+    assert all(lane._raw.family == socket.AF_INET for lane in opened), opened
 
 
 def test_calls_on_ranks_on_other_hosts_run_in_issue_order(backend, hf_worker_group):

@@ -462,11 +462,14 @@ class DaskBackend:
         could not be sent is withdrawn (later calls must not wait for it); each result's
         worker is remembered, so a wait on it fails at once if that worker (or an input's)
         dies. The path sends each worker process its ranks' parts together."""
+        self._check_open()
         for ref in refs:
-            self._check_alive(ref.slot, ref)
+            self._live.check(ref.slot, ref)
         seqs = self._next_seqs(refs)
+        # ranks given the very same arguments share one view of them
+        view_args, view_kwargs = _ForWorker(), _ForWorker()
         calls = [
-            RankCall(ref, seq, _for_worker(a), _for_worker(kw))
+            RankCall(ref, seq, view_args(a), view_kwargs(kw))
             for ref, seq, a, kw in zip(refs, seqs, args, kwargs)
         ]
         limit = call_timeout()  # the limit in force when the call is made, on every wait
@@ -831,6 +834,22 @@ class DaskBackend:
 
     def _can_grow(self) -> bool:
         return self.choice is not None and self.choice.kind == "LocalCluster"
+
+
+class _ForWorker:
+    """``_for_worker``, remembering the last arguments it was given: ``ONE_TO_ALL`` hands
+    every rank the very same tuple and dict."""
+
+    __slots__ = ("_last", "_made")
+
+    def __init__(self) -> None:
+        self._last: Any = None
+        self._made: Any = None
+
+    def __call__(self, values: Any) -> Any:
+        if values is not self._last:
+            self._last, self._made = values, _for_worker(values)
+        return self._made
 
 
 def _for_worker(values: Any) -> Any:

@@ -252,9 +252,14 @@ class DirectPath:
         replies = Replies(len(calls)) if blocking else None
         messages = [self._message(c, method, label, deadline, shared, replies) for c in calls]
         batches: dict[Lane, list[_Message]] = {}
+        lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         for message in messages:
             if blocking and not message.inputs and not message.known:
-                lane = self._lane(message.slot)
+                slot = message.slot
+                process = (slot.address, slot.worker_id)
+                lane = lanes.get(process, _UNASKED)
+                if lane is _UNASKED:
+                    lane = lanes[process] = self._lane(slot)
                 if lane is not None:
                     batches.setdefault(lane, []).append(message)
                     continue
@@ -529,7 +534,7 @@ class DirectPath:
         offer = self._ask("hf_lane", slot, LANE_ASK_TIMEOUT_S, driver=self.driver_id)
         if offer is None:
             return None
-        port, token_id, token = offer
+        port, token_id, token, local = offer
         host = lane_host(slot.address)
         tls = None
         if is_tls(slot.address):  # the worker's lane runs TLS: show our certificate
@@ -546,6 +551,7 @@ class DirectPath:
             send_timeout=unreachable_timeout(),
             limits=LaneLimits.from_config(),
             tls=tls,
+            local=local,
         )
 
     def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
@@ -780,16 +786,13 @@ def _batch_msg(messages: list[_Message], method: str, deadline: float | None) ->
     common = all(m.msg["args"] is first["args"] for m in messages) and all(
         m.msg["kwargs"] is first["kwargs"] for m in messages
     )
-    own = ("instance", "seq", "key") if common else ("instance", "seq", "key", "args", "kwargs")
-    batch = {
-        "op": "calls",
-        "driver": first["driver"],
-        "method": method,
-        "deadline": deadline,
-        "calls": [{name: m.msg[name] for name in own} for m in messages],
-    }
-    if common:
+    batch = {"op": "calls", "driver": first["driver"], "method": method, "deadline": deadline}
+    if common:  # each rank's part is its instance, number and key: a plain tuple
         batch["args"], batch["kwargs"] = first["args"], first["kwargs"]
+        batch["calls"] = [(m.msg["instance"], m.msg["seq"], m.msg["key"]) for m in messages]
+    else:
+        own = ("instance", "seq", "key", "args", "kwargs")
+        batch["calls"] = [{name: m.msg[name] for name in own} for m in messages]
     return batch
 
 

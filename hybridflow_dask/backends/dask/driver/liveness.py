@@ -48,6 +48,8 @@ class Liveness:
         self._refs: dict[str, Any] = {}  # task key -> weak reference to its future
         #: task key -> its call's number on its instance, and its deadline (or ``None``)
         self._calls: dict[str, tuple[int, float | None]] = {}
+        #: worker id -> the set of just that id (what a task without inputs needs alive)
+        self._alone: dict[str, frozenset[str]] = {}
 
     # -- what the backend tells us ---------------------------------------------------------
 
@@ -95,11 +97,17 @@ class Liveness:
         seq: int | None,
         deadline: float | None,
     ) -> None:
-        needs = {slot.worker_id}
-        for dep in inputs:
-            needs |= self._tasks.get(dep.key, _NOTHING)[2]
+        if inputs:
+            needs = {slot.worker_id}
+            for dep in inputs:
+                needs |= self._tasks.get(dep.key, _NOTHING)[2]
+            alive: frozenset[str] = frozenset(needs)
+        else:  # the common case: only its own process (one set for all its tasks)
+            alive = self._alone.get(slot.worker_id) or self._alone.setdefault(
+                slot.worker_id, frozenset((slot.worker_id,))
+            )
         key = future.key
-        self._tasks[key] = (slot, ref, frozenset(needs))
+        self._tasks[key] = (slot, ref, alive)
         if seq is not None:
             self._calls[key] = (seq, deadline)
         # A weak reference with a callback, not weakref.finalize: finalize keeps a global

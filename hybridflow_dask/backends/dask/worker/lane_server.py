@@ -33,6 +33,7 @@ from ..wire.lane_protocol import (
     STALL_TIMEOUT_S,
     bound_sends,
     drop,
+    local_listener,
     new_token,
     nodelay,
     open_as_worker,
@@ -78,8 +79,16 @@ class LaneServer:
         tls: ssl.SSLContext | None = None,
     ) -> None:
         family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self._listener = socket.create_server((host, 0), family=family)
-        self.port: int = self._listener.getsockname()[1]
+        listener = socket.create_server((host, 0), family=family)
+        self.port: int = listener.getsockname()[1]
+        self._listeners = [listener]
+        #: The name of the local socket drivers of this machine's namespace may use
+        #: instead (``None``: none; a TLS cluster's lanes are TCP only).
+        self.local_name: str | None = None
+        local = local_listener() if tls is None else None
+        if local is not None:
+            self._listeners.append(local[0])
+            self.local_name = local[1]
         self._tokens: OrderedDict[bytes, bytes] = OrderedDict()
         self._by_driver: dict[str, bytes] = {}
         #: Tokens with a lane open on them: never pushed out by others' requests.
@@ -99,7 +108,10 @@ class LaneServer:
         self._refused: set[str] = set()
         self._lock = threading.Lock()
         self._closed = False
-        threading.Thread(target=self._accept, name="hybridflow-lane-accept", daemon=True).start()
+        for index in range(len(self._listeners)):
+            threading.Thread(
+                target=self._accept, args=(index,), name="hybridflow-lane-accept", daemon=True
+            ).start()
         threading.Thread(target=self._watch, name="hybridflow-lane-watch", daemon=True).start()
 
     def token_for(self, driver: str) -> tuple[bytes, bytes]:
@@ -149,7 +161,7 @@ class LaneServer:
         with self._lock:
             self._closed = True
             conns, self._conns = list(self._conns), set()
-        for sock in [self._listener, *conns]:
+        for sock in [*self._listeners, *conns]:
             with contextlib.suppress(OSError):
                 sock.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
@@ -157,11 +169,12 @@ class LaneServer:
 
     # -- accepting -----------------------------------------------------------------------------
 
-    def _accept(self) -> None:
+    def _accept(self, index: int) -> None:
+        """Accept on ``self._listeners[index]`` (TCP first, then the local socket)."""
         backoff = 0.01
         while not self._closed:
             try:
-                conn, peer = self._listener.accept()
+                conn, peer = self._listeners[index].accept()
             except OSError as exc:
                 if self._closed:
                     return
@@ -190,7 +203,7 @@ class LaneServer:
 
     def _refuse(self, conn: socket.socket, peer: Any, why: str) -> None:
         """Drop a peer, logging the first refusal of each address."""
-        address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer)
+        address = str(peer[0]) if isinstance(peer, tuple) and peer else str(peer or "local")
         with self._lock:
             first = address not in self._refused
             if first and len(self._refused) < MAX_TOKENS:

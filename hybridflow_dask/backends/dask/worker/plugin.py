@@ -275,7 +275,7 @@ class InstancesPlugin(WorkerPlugin):
                     host, self.lane_message, limits=LaneLimits.from_config(), tls=tls
                 )
             lane = self._lane
-        return {"status": "OK", "result": (lane.port, *lane.token_for(driver))}
+        return {"status": "OK", "result": (lane.port, *lane.token_for(driver), lane.local_name)}
 
     def lane_message(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """Called by the lane's reading thread, which must go back to reading at once: a
@@ -350,7 +350,7 @@ class InstancesPlugin(WorkerPlugin):
                 reply({"id": msg["id"], "status": "OK", "replies": outcomes})
 
         for index, part in enumerate(parts):
-            shared = "args" not in part
+            shared = type(part) is tuple or "args" not in part
             call = _lane_call_of(part, msg, "later")
             # Each part is read (in this thread) before it is handed to its instance, so
             # the frames themselves go to the last part: every copy is made before any
@@ -485,12 +485,28 @@ def _input_keys(values: Any) -> list[str]:
     return keys
 
 
-def _lane_call_of(part: dict, msg: dict, result: Literal["now", "later"]) -> Call:
+def _lane_call_of(part: dict | tuple, msg: dict, result: Literal["now", "later"]) -> Call:
     """The call a lane message carries (``part`` is ``msg``), or one part of a batch:
-    each field from the part, else from the batch (what all its parts share)."""
+    each field from the part, else from the batch (what all its parts share); a part
+    that shares its arguments with the others is ``(instance, seq, key)``."""
+    if isinstance(part, tuple):
+        instance, seq, key = part
+        return Call(
+            instance,
+            msg["driver"],
+            seq,
+            msg["method"],
+            msg["args"],
+            msg["kwargs"],
+            result=result,
+            deadline=msg.get("deadline"),
+            key=key,
+        )
+
+    own = part
 
     def field(name: str) -> Any:
-        return part[name] if name in part else msg.get(name)
+        return own[name] if name in own else msg.get(name)
 
     return Call(
         field("instance"),
