@@ -37,6 +37,8 @@ POLL_S = 0.1
 WATCH_AFTER_S = 1.0
 #: Marks a result that must be fetched from its worker.
 _FETCH: Any = object()
+#: What ``driver_bytes["gathered"]`` counts for a ``None`` result.
+_NONE_SIZE = sizeof(None)
 
 
 class Gathering:
@@ -101,7 +103,10 @@ class Gathering:
 
     def _count_gathered(self, values: list[Any]) -> None:
         """``driver_bytes["gathered"]``: what results brought into the driver."""
-        self._counts["gathered"] += sum(sizeof(v) for v in values)
+        total = 0
+        for value in values:  # ``None``, a control call's usual result, sized once
+            total += _NONE_SIZE if value is None else sizeof(value)
+        self._counts["gathered"] += total
 
     def _out_of_time(self, pending: list[Any], start: float, limit: float | None) -> bool:
         """Whether a wait for ``pending`` passed its limit: the deadline their calls were
