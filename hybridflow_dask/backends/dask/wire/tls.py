@@ -94,10 +94,6 @@ class TLSChannel:
     def setsockopt(self, *args: Any) -> None:
         self._sock.setsockopt(*args)
 
-    @property
-    def family(self) -> int:
-        return self._sock.family
-
     def getpeername(self) -> Any:
         return self._sock.getpeername()
 

@@ -269,7 +269,7 @@ class LaneServer:
             with self._lock:
                 self._in_use[token_id] += 1
             conn.settimeout(None)
-            nodelay(conn)
+            nodelay(raw)
             bound_sends(conn, self._stall_s)
             stream = conn.makefile("rb", buffering=BUFFER)
             while True:

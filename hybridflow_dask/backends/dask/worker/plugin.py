@@ -487,37 +487,25 @@ def _input_keys(values: Any) -> list[str]:
 
 def _lane_call_of(part: dict | tuple, msg: dict, result: Literal["now", "later"]) -> Call:
     """The call a lane message carries (``part`` is ``msg``), or one part of a batch:
-    each field from the part, else from the batch (what all its parts share); a part
-    that shares its arguments with the others is ``(instance, seq, key)``."""
+    the driver, method and deadline are the message's; the instance, number, key and
+    arguments the part's, where a part sharing its arguments with the others (the
+    batch's ``args``/``kwargs``) is the tuple ``(instance, seq, key)``."""
     if isinstance(part, tuple):
         instance, seq, key = part
-        return Call(
-            instance,
-            msg["driver"],
-            seq,
-            msg["method"],
-            msg["args"],
-            msg["kwargs"],
-            result=result,
-            deadline=msg.get("deadline"),
-            key=key,
-        )
-
-    own = part
-
-    def field(name: str) -> Any:
-        return own[name] if name in own else msg.get(name)
-
+        args, kwargs = msg["args"], msg["kwargs"]
+    else:
+        instance, seq, key = part["instance"], part["seq"], part["key"]
+        args, kwargs = part["args"], part["kwargs"]
     return Call(
-        field("instance"),
-        field("driver"),
-        field("seq"),
-        field("method"),
-        field("args"),
-        field("kwargs"),
+        instance,
+        msg["driver"],
+        seq,
+        msg["method"],
+        args,
+        kwargs,
         result=result,
-        deadline=field("deadline"),
-        key=field("key"),
+        deadline=msg.get("deadline"),
+        key=key,
     )
 
 
