@@ -350,7 +350,7 @@ class InstancesPlugin(WorkerPlugin):
                 reply({"id": msg["id"], "status": "OK", "replies": outcomes})
 
         for index, part in enumerate(parts):
-            shared = type(part) is tuple or "args" not in part
+            shared = type(part) is tuple  # (instance, seq, key): the batch's arguments
             call = _lane_call_of(part, msg, "later")
             # Each part is read (in this thread) before it is handed to its instance, so
             # the frames themselves go to the last part: every copy is made before any
