@@ -67,7 +67,9 @@ def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, mon
     sent = []
     original = Lane.request
     monkeypatch.setattr(
-        Lane, "request", lambda lane, msg, ctx: (sent.append(msg), original(lane, msg, ctx))[1]
+        Lane,
+        "request",
+        lambda lane, msg, ctx, **kw: (sent.append(msg), original(lane, msg, ctx, **kw))[1],
     )
     assert light_group.fail_on(-1) == list(range(8))
     assert len(sent) == 2  # 8 ranks on 2 processes

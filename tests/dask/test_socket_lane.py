@@ -302,9 +302,9 @@ def lane_ops(monkeypatch):
     ops: list[str | None] = []
     request = Lane.request
 
-    def spy(self, msg, context):
+    def spy(self, msg, context, **options):
         ops.append(msg.get("op"))
-        return request(self, msg, context)
+        return request(self, msg, context, **options)
 
     monkeypatch.setattr(Lane, "request", spy)
     return ops

@@ -54,7 +54,7 @@ from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, same_objects
 from .channel import Channel
-from .lane import Lane
+from .lane import Lane, read_replies
 from .liveness import Liveness, futures_in
 
 __all__ = ["DirectPath", "Replies", "ReplyFuture", "one_call"]
@@ -75,7 +75,7 @@ class Replies:
     """The replies of one blocking call, counted as they come: its caller waits once for
     all of them (or the first failure), instead of on every rank's future."""
 
-    __slots__ = ("_left", "_lock", "failed", "settled")
+    __slots__ = ("_left", "_lock", "failed", "lanes", "settled")
 
     def __init__(self, count: int) -> None:
         self._left = count
@@ -83,6 +83,23 @@ class Replies:
         #: Set once every reply is in, or one is a failure.
         self.settled = threading.Event()
         self.failed = False
+        #: The lanes that carry every one of its messages, when the caller reads them.
+        self.lanes: tuple[Lane, ...] = ()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the call settled within ``timeout`` seconds; its caller reads its
+        lanes' replies itself meanwhile, when it can (``lane.read_replies``)."""
+        if self.lanes and not self.settled.is_set():
+            give_up = time.monotonic() + timeout
+            read_replies(self.lanes, self.settled.is_set, timeout)
+            timeout = max(give_up - time.monotonic(), 0.0)
+        return self.settled.wait(timeout)
+
+    def hand_over(self) -> None:
+        """Its replies are waited for elsewhere from now on: the lanes' threads read them."""
+        lanes, self.lanes = self.lanes, ()
+        for lane in lanes:
+            lane.hand_over()
 
     def count(self, failed: bool) -> None:
         with self._lock:
@@ -267,15 +284,26 @@ class DirectPath:
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [m]) for lane, batch in together for m in batch]
+        # The caller reads the replies itself when every one comes on a lane it can read.
+        caller_reads = sum(map(len, batches.values())) == len(messages) and all(
+            lane.caller_reads for lane in batches
+        )
         for lane, batch in together:
             try:
                 if len(batch) == 1:
-                    lane.request(batch[0].msg, batch[0])
+                    lane.request(batch[0].msg, batch[0], caller_reads=caller_reads)
                 else:
-                    lane.request(_batch_msg(batch, method, deadline), _Batch(batch))
+                    msg = _batch_msg(batch, method, deadline)
+                    lane.request(msg, _Batch(batch), caller_reads=caller_reads)
             except ConnectionError:  # broke just now: the Dask comm reports what happened
                 for message in batch:
                     self._post(message)
+                if caller_reads:  # a reply now comes another way: the lanes' threads read
+                    caller_reads = False
+                    for asked in batches:
+                        asked.hand_over()
+        if caller_reads and replies is not None:
+            replies.lanes = tuple(batches)
         return [message.future for message in messages]
 
     def _message(

@@ -65,7 +65,7 @@ class Gathering:
         """Wait for all, failing early on an error or a lost worker, then fetch (on the
         lanes where the path has them, else through Dask)."""
         call = one_call(futures)
-        if call is not None and call.settled.wait(POLL_S) and call.all_ok():
+        if call is not None and call.wait(POLL_S) and call.all_ok():
             values = [f.result() for f in futures]  # a blocking call answered in full
             self._count_gathered(values)
             return values
@@ -197,8 +197,10 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
         return
     call = replies[0].replies
     if call is not None and not call.settled.is_set() and all(f.replies is call for f in replies):
-        call.settled.wait(left)  # one call's ranks, none failed yet
+        call.wait(left)  # one call's ranks, none failed yet
     else:  # one wake-up when all are done (or one failed), not one per rank
+        for replied in {f.replies for f in replies if f.replies is not None}:
+            replied.hand_over()  # (their callers read no lanes while waiting here)
         concurrent.futures.wait(
             replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
         )

@@ -5,10 +5,18 @@ way: about 25 µs less per round trip here).
 A blocking call whose arguments hold no futures needs nothing from Dask on its way: not
 the scheduler, not the worker's event loop. On the socket lane the calling thread writes
 the call, a thread of the worker reads it and hands it to the instance's actor, and the
-actor's thread writes the reply, which a reader thread of the driver hands to the
-waiting caller. No event loop on either side, so no loop wake-ups and no cross-thread
+actor's thread writes the reply, which the waiting caller reads itself
+(``read_replies``). No event loop on either side, so no loop wake-ups and no cross-thread
 hops beyond the one into the instance's own thread (about a third of a millisecond per
 round trip here, against over a millisecond through the loops).
+
+Each lane also has a reader thread, for the replies no caller reads: a caller that gave
+up waiting, one that another thread's reading shut out, a reply too large for the
+lane's buffer, a TLS lane (its records cannot be read without waiting). While a caller
+reads, the thread sleeps, woken only when asked or when the connection ends, so a lane
+whose worker died is still noticed at once. Handing a reply from a reader thread to its
+caller cost ~35 µs of wake-ups per round trip here, and its GIL hand-offs held up the
+calling thread's next writes.
 
 The lane is learned over the worker's Dask comm (its port and a random token the
 connecting side must present first), so it is no more open than that comm. On a cluster
@@ -35,17 +43,19 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
+import math
+import os
 import queue
+import select
 import socket
 import ssl
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from ..wire.lane_protocol import (
-    BUFFER,
     RELEASE,
     bound_sends,
     connect,
@@ -53,18 +63,24 @@ from ..wire.lane_protocol import (
 )
 from ..wire.messages import LaneLimits, read_message, write_message
 from ..wire.tls import TLSChannel
+from .inbox import Inbox
 
-__all__ = ["Lane"]
+__all__ = ["Lane", "read_replies"]
 
 logger = logging.getLogger(__name__)
 
 
+#: A reader thread that sleeps while callers read wakes on these (never on mere data).
+_ENDED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
+
+
 class Lane:
     """The driver's end of one worker's lane: requests written by the calling thread,
-    replies read by a thread of its own that settles each request's future.
+    replies read by whoever holds the lane's reading (a waiting caller, or the lane's
+    reader thread), each handed to ``on_reply``.
 
-    ``on_broken(pending)`` is called once, in the reader thread, with the requests still
-    waiting when the connection ends (their worker died, or the lane was closed).
+    ``on_broken(pending)`` is called once, by whichever reader finds the connection ended
+    (its worker died, or the lane was closed), with the requests still waiting.
     ``same_host=False`` never copies frames between the processes' memories. ``local``:
     the name of the worker's local socket, tried before ``host:port``.
     """
@@ -112,18 +128,30 @@ class Lane:
         # worker has copied them, which it does before it answers.
         self._waiting: dict[int, tuple[Any, dict]] = {}
         self.broken = False
-        self._reader = threading.Thread(target=self._read, name="hybridflow-lane", daemon=True)
+        self._inbox = Inbox(self._sock)
+        #: Whether a waiting caller may read this lane's replies itself (a plain socket,
+        #: on Linux); else the reader thread always reads.
+        self.caller_reads = tls is None and bool(_ENDED) and hasattr(os, "eventfd")
+        #: Someone holds the reading: the reader thread, or a caller in ``read_replies``.
+        self._reading = not self.caller_reads
+        #: The reading was handed to the reader thread, which has not taken it up yet.
+        self._asked = False
+        self._turn = threading.Condition(self._lock)
+        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if self.caller_reads else -1
+        self._reader = threading.Thread(target=self._serve, name="hybridflow-lane", daemon=True)
         self._reader.start()
         if self._pull_from is not None:
             threading.Thread(
                 target=self._release, name="hybridflow-lane-release", daemon=True
             ).start()
 
-    def request(self, msg: dict, context: Any) -> None:
+    def request(self, msg: dict, context: Any, *, caller_reads: bool = False) -> None:
         """Send ``msg``; its reply goes to ``on_reply(context, reply)``. A write that makes
         no progress until ``msg["deadline"]`` (``time.time()``: the limit in force when
         its call was made) breaks the lane rather than block its caller for good.
 
+        ``caller_reads``: the caller will wait for the reply in ``read_replies`` (or hand
+        it over with ``hand_over``); else the reader thread reads it.
         Raises ``ConnectionError`` when the lane is already broken (nothing was sent).
         """
         with self._lock:
@@ -131,6 +159,8 @@ class Lane:
                 raise ConnectionError("the lane is closed")
             ident = next(self._ids)
             self._waiting[ident] = (context, msg)
+            if not caller_reads:
+                self._ask_reader()
         msg["id"] = ident
         deadline = msg.get("deadline")
         write = (
@@ -154,27 +184,135 @@ class Lane:
             self._raw.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
         self.close()
 
-    def _read(self) -> None:
+    def hand_over(self) -> None:
+        """The reader thread reads the replies still waiting (their callers will not)."""
+        with self._lock:
+            if self._waiting:
+                self._ask_reader()
+
+    # -- who reads ----------------------------------------------------------------------------
+
+    def _ask_reader(self) -> None:
+        """Give the reading to the reader thread if nobody holds it. Lock held."""
+        if not self._reading and not self.broken:
+            self._reading = self._asked = True
+            os.eventfd_write(self._wake, 1)
+
+    def _take_reading(self) -> bool:
+        """Whether the calling thread may read now (it then gives the reading back)."""
+        with self._lock:
+            if self._reading or self.broken:
+                return False
+            self._reading = True
+            return True
+
+    def _give_back_reading(self) -> None:
+        with self._lock:
+            self._reading = False
+            if self._waiting:  # replies no caller is reading: the reader thread's
+                self._ask_reader()
+            self._turn.notify_all()
+
+    # -- reading ------------------------------------------------------------------------------
+
+    def _take(self) -> None:
+        """The next reply from the inbox (waiting for it, if it is not all in), handed on."""
+        reply, copied = read_message(self._inbox, self._pull_from, self._limits)
+        ident = reply.pop("id")
+        if copied:  # the worker may drop them now
+            self._releases.put(ident)
+        with self._lock:
+            waiting = self._waiting.pop(ident, None)
+        if waiting is not None:
+            self._on_reply(waiting[0], reply)
+
+    def _read_now(self) -> bool:
+        """(A caller holding the reading.) What the socket holds now taken in, and every
+        whole reply in the inbox handed on. ``False`` when the caller cannot go on: the
+        lane ended, or the next reply is too large for the inbox (the reader thread's)."""
         try:
-            stream = self._sock.makefile("rb", buffering=BUFFER)
-            while True:
-                reply = waiting = None  # the last reply's data is not kept while we wait
-                reply, copied = read_message(stream, self._pull_from, self._limits)
-                ident = reply.pop("id")
-                if copied:  # the worker may drop them now
-                    self._releases.put(ident)
-                with self._lock:
-                    waiting = self._waiting.pop(ident, None)
-                if waiting is not None:
-                    self._on_reply(waiting[0], reply)
+            if self._inbox.receive_now() == 0:
+                raise EOFError("the lane ended")
+            while (size := self._inbox.next_size()) is not None:
+                if size > self._inbox.buffered:
+                    return size <= self._inbox.capacity
+                self._take()
+            return True
         except (EOFError, OSError):
             pass
         except Exception:  # a reply that cannot be read: the lane is no longer usable
             logger.exception("lane to a worker failed")
+        self._end()
+        return False
+
+    def _serve(self) -> None:
+        """The reader thread: reads whenever the reading is handed to it, or for good on
+        a lane callers cannot read. Between turns it sleeps until asked, or until the
+        connection ends (then it reads up to that end)."""
+        try:
+            if not self.caller_reads:
+                while True:
+                    self._take()
+            with select.epoll() as watch:
+                watch.register(self._wake, select.EPOLLIN)
+                watch.register(self._raw.fileno(), _ENDED)
+                while self._turn_to_read(watch):
+                    self._read_while_waited_for()
+        except (EOFError, OSError):
+            pass
+        except Exception:  # a reply that cannot be read: the lane is no longer usable
+            logger.exception("lane to a worker failed")
+        self._end()  # (a no-op when a caller ended it)
         with self._lock:
+            if self._wake >= 0:
+                os.close(self._wake)
+                self._wake = -1
+
+    def _turn_to_read(self, watch: Any) -> bool:
+        """Sleep until this thread holds the reading; ``False`` when the lane ended."""
+        while True:
+            with self._lock:
+                if self.broken:
+                    return False
+                if self._asked:
+                    self._asked = False
+                    return True
+            events = dict(watch.poll())
+            if self._wake in events:
+                with contextlib.suppress(BlockingIOError):
+                    os.eventfd_read(self._wake)
+            if self._raw.fileno() in events:  # the connection ended: read up to its end
+                with self._lock:
+                    while self._reading and not self._asked and not self.broken:
+                        self._turn.wait()
+                    if self.broken:
+                        return False
+                    self._reading, self._asked = True, False
+                while True:
+                    self._take()  # until the end: EOFError
+
+    def _read_while_waited_for(self) -> None:
+        """Read while replies are waited for; then give the reading back."""
+        while True:
+            with self._lock:
+                if not self._waiting:
+                    self._reading = False
+                    self._turn.notify_all()
+                    return
+            self._take()
+
+    def _end(self) -> None:
+        """The lane is over (by its reader, the only one then): its waiting requests are
+        reported to ``on_broken``, the reader thread (if asleep) wakes and ends."""
+        with self._lock:
+            if self.broken:
+                return
             self.broken = True
             pending = [context for context, _ in self._waiting.values()]
             self._waiting = {}
+            self._turn.notify_all()
+            if self._wake >= 0:  # the reader thread may sleep in its watch
+                os.eventfd_write(self._wake, 1)
         self._releases.put(None)
         with contextlib.suppress(OSError):
             self._sock.close()
@@ -226,3 +364,41 @@ def _until(sock: Any, deadline: float, stall: float | None) -> Callable[[Any], N
             bound_sends(sock, stall)
 
     return write
+
+
+def read_replies(lanes: Sequence[Lane], done: Callable[[], bool], timeout: float) -> None:
+    """Read replies on ``lanes`` in this thread until ``done()``, for up to ``timeout``
+    seconds. Only whole messages already in are read, so a stopped worker cannot hold the
+    caller past ``timeout``. It reads none when another thread reads one of ``lanes``,
+    and stops early when a lane ends or a reply is too large for its lane's buffer: the
+    lanes' reader threads then read what is still waited for, and the caller waits."""
+    taken = []
+    for lane in lanes:
+        if not lane._take_reading():
+            break
+        taken.append(lane)
+    try:
+        if len(taken) == len(lanes):
+            _read_until(taken, done, time.monotonic() + timeout)
+    finally:
+        for lane in taken:
+            lane._give_back_reading()
+
+
+def _read_until(lanes: list[Lane], done: Callable[[], bool], give_up: float) -> None:
+    poller = select.poll()
+    by_fd = {}
+    for lane in lanes:
+        by_fd[lane._raw.fileno()] = lane
+        poller.register(lane._raw, select.POLLIN)
+    ready = lanes  # what may be in already
+    while True:
+        for lane in ready:
+            if not lane._read_now():
+                return
+        if done():
+            return
+        left = give_up - time.monotonic()
+        if left <= 0:
+            return
+        ready = [by_fd[fd] for fd, _ in poller.poll(math.ceil(left * 1000))]

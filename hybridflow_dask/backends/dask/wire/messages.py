@@ -32,6 +32,7 @@ __all__ = [
     "Framed",
     "LaneLimits",
     "is_plain",
+    "message_size",
     "own_framed",
     "pack",
     "plain_call",
@@ -215,8 +216,25 @@ class LaneLimits:
         )
 
 
+def message_size(head: Any) -> int | None:
+    """How many bytes the message that starts with ``head`` takes on the wire: a lower
+    bound while ``head`` lacks some of its frame lengths, ``None`` while it lacks the
+    fixed header. (What lets a reader tell whether a whole message is in its buffer.)"""
+    if len(head) < _HEAD.size:
+        return None
+    body_size, count = _HEAD.unpack_from(head)
+    lengths_end = _HEAD.size + 8 * count
+    size = lengths_end + body_size
+    if len(head) < lengths_end:
+        return size
+    for length in struct.unpack_from(f"!{count}Q", head, _HEAD.size):
+        size += _ADDRESS.size if length & _LEFT else length
+    return size
+
+
 class Readable(Protocol):
-    """What ``read_message`` reads from: a buffered binary reader (``sock.makefile("rb")``)."""
+    """What ``read_message`` reads from: a buffered binary reader (``sock.makefile("rb")``,
+    a lane's ``Inbox``)."""
 
     def readinto(self, buffer: Any, /) -> int | None: ...
 

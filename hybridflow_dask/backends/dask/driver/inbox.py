@@ -1,0 +1,94 @@
+"""What the driver's end of a lane has received and not read yet.
+
+A buffer over the lane's socket that two kinds of reader share, one at a time: the
+lane's reader thread, which reads it like any buffered stream (waiting for what is not
+in yet), and a caller waiting for its replies, which only takes in what the socket holds
+now and reads a message once the whole of it is in, so that a stopped worker cannot
+hold the caller past its deadline. Whatever one reader took in beyond its last message
+is there for the next.
+"""
+
+from __future__ import annotations
+
+import socket
+from typing import Any
+
+from ..wire.lane_protocol import BUFFER
+from ..wire.messages import message_size
+
+__all__ = ["Inbox"]
+
+
+class Inbox:
+    """A lane socket's received bytes (``sock``: a plain socket, or a ``TLSChannel`` read
+    only blocking)."""
+
+    def __init__(self, sock: Any, size: int = BUFFER) -> None:
+        self._sock = sock
+        self._buffer = bytearray(size)
+        self._view = memoryview(self._buffer)
+        self._start = self._end = 0
+
+    @property
+    def capacity(self) -> int:
+        """The largest message a caller can read here (larger ones: the reader thread)."""
+        return len(self._buffer)
+
+    def read(self, size: int) -> bytes:
+        """``size`` bytes (fewer only at the end of the stream), waiting for them."""
+        if size > len(self._buffer):
+            whole = bytearray(size)
+            got = 0
+            while got < size and (n := self.readinto(memoryview(whole)[got:])):
+                got += n
+            return bytes(whole[:got])
+        while self._end - self._start < size and self._receive(0):
+            pass
+        size = min(size, self._end - self._start)
+        data = bytes(self._view[self._start : self._start + size])
+        self._start += size
+        return data
+
+    def readinto(self, buffer: Any) -> int:
+        """What is buffered into ``buffer``, else (waiting) straight from the socket."""
+        view = memoryview(buffer).cast("B")
+        buffered = self._end - self._start
+        if not buffered:
+            return int(self._sock.recv_into(view))
+        size = min(buffered, view.nbytes)
+        view[:size] = self._view[self._start : self._start + size]
+        self._start += size
+        return size
+
+    def receive_now(self) -> int | None:
+        """Take in what the socket holds now, without waiting: the bytes taken, 0 at the
+        end of the stream, ``None`` when it holds nothing or the buffer is full (plain
+        sockets only)."""
+        if self._start == 0 and self._end == len(self._buffer):
+            return None  # whole messages only: a reader takes them first
+        try:
+            return self._receive(socket.MSG_DONTWAIT)
+        except BlockingIOError:
+            return None
+
+    def next_size(self) -> int | None:
+        """The size of the next message, once its header is in (see ``message_size``)."""
+        return message_size(self._view[self._start : self._end])
+
+    @property
+    def buffered(self) -> int:
+        return self._end - self._start
+
+    def _receive(self, flags: int) -> int:
+        """Bytes from the socket at the buffer's free end (what is unread moves to the
+        front first when that end is reached); 0 at the end of the stream."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif self._end == len(self._buffer):
+            unread = self._end - self._start
+            self._view[:unread] = self._view[self._start : self._end]
+            self._start, self._end = 0, unread
+        free = self._view[self._end :]
+        got = self._sock.recv_into(free, 0, flags) if flags else self._sock.recv_into(free)
+        self._end += got
+        return int(got)
