@@ -391,7 +391,7 @@ def _read_until(lanes: list[Lane], done: Callable[[], bool], give_up: float) -> 
     for lane in lanes:
         by_fd[lane._raw.fileno()] = lane
         poller.register(lane._raw, select.POLLIN)
-    ready = lanes  # what may be in already
+    ready = [lane for lane in lanes if lane._inbox.buffered]  # left by an earlier reader
     while True:
         for lane in ready:
             if not lane._read_now():
