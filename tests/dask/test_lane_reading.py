@@ -18,6 +18,8 @@ from distributed.protocol.serialize import Serialized, serialize
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.backends.dask.driver.inbox import Inbox
 from hybridflow_dask.backends.dask.driver.lane import Lane, read_replies
 from hybridflow_dask.backends.dask.wire.messages import (
@@ -90,9 +92,9 @@ def _echo(msg, reply):
 
 def test_a_waiting_caller_reads_its_replies_in_its_own_thread():
     with _lane_to(_echo) as (lane, recorder, _):
-        assert lane.caller_reads
+        assert lane.callers_may_read
         for n in range(3):
-            lane.request({"op": "call", "n": n}, n, caller_reads=True)
+            lane.request({"op": "call", "n": n}, n, read_by_caller=True)
         read_replies([lane], lambda: len(recorder.replies) == 3, 5.0)
         assert sorted(reply["n"] for reply, _ in recorder.replies) == [0, 1, 2]
         assert {thread for _, thread in recorder.replies} == {threading.get_ident()}
@@ -112,7 +114,7 @@ def test_a_reply_too_large_for_the_lanes_buffer_reaches_its_caller_through_the_l
         threading.Thread(target=reply, args=({"id": msg["id"], "data": big},)).start()
 
     with _lane_to(handle) as (lane, recorder, _):
-        lane.request({"op": "call"}, None, caller_reads=True)
+        lane.request({"op": "call"}, None, read_by_caller=True)
         read_replies([lane], lambda: bool(recorder.replies), 5.0)  # gives up on it
         assert recorder.wait_for(lambda: recorder.replies)
         reply, thread = recorder.replies[0]
@@ -121,7 +123,7 @@ def test_a_reply_too_large_for_the_lanes_buffer_reaches_its_caller_through_the_l
 
 def test_a_reply_stopped_half_way_neither_holds_the_caller_past_its_timeout_nor_is_lost():
     with _lane_to(lambda msg, reply: None) as (lane, recorder, server):
-        lane.request({"op": "call"}, None, caller_reads=True)  # the lane's first: id 0
+        lane.request({"op": "call"}, None, read_by_caller=True)  # the lane's first: id 0
         wire, _ = _wire({"id": 0, "n": 42, "pad": b"p" * 1000})
         conn = next(iter(server._conns))  # the worker's end of this lane
         conn.sendall(wire[:500])  # then the worker stops
@@ -137,12 +139,12 @@ def test_a_reply_stopped_half_way_neither_holds_the_caller_past_its_timeout_nor_
 
 def test_a_caller_shut_out_by_another_reader_reads_nothing_and_returns():
     with _lane_to(_echo) as (lane, recorder, _):
-        assert lane._take_reading()  # someone else reads this lane now
-        lane.request({"op": "call", "n": 1}, None, caller_reads=True)
+        assert lane._acquire_reading()  # someone else reads this lane now
+        lane.request({"op": "call", "n": 1}, None, read_by_caller=True)
         start = time.monotonic()
         read_replies([lane], lambda: False, 5.0)
         assert time.monotonic() - start < 1.0  # not waiting out its timeout
-        lane._give_back_reading()  # a reply still waited for: the lane's thread reads it
+        lane._release_reading()  # a reply still waited for: the lane's thread reads it
         assert recorder.wait_for(lambda: recorder.replies)
         assert recorder.replies[0][1] == lane._reader.ident
 
@@ -165,7 +167,7 @@ def test_closing_an_idle_lane_ends_its_thread():
 
 def test_a_caller_reading_when_the_worker_dies_reports_its_calls_broken():
     with _lane_to(lambda msg, reply: None) as (lane, recorder, server):
-        lane.request({"op": "call"}, "mine", caller_reads=True)
+        lane.request({"op": "call"}, "mine", read_by_caller=True)
         threading.Timer(0.2, next(iter(server._conns)).shutdown, (socket.SHUT_RDWR,)).start()
         read_replies([lane], lambda: bool(recorder.broken), 5.0)
         assert recorder.broken == [["mine"]] and not recorder.replies
@@ -235,3 +237,34 @@ def test_the_inbox_reads_the_same_messages_whoever_reads_each_and_however_they_a
         a.close()
         b.close()
     assert got == [{"id": i, **m} for i, m in enumerate(messages)]
+
+
+class Big(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def big(self):
+        return torch.ones(1 << 19)  # 2 MiB: left in the worker's memory on one host
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def after(self):
+        time.sleep(0.2)
+        return 1
+
+
+def test_a_blocking_calls_replies_gathered_with_other_futures_are_still_read(hf_dask_cluster):
+    """Gathered together with a later call's Dask futures, a blocking call's replies are
+    read by the lanes' threads: unread, their instances would wait for the driver to
+    copy the results, and the later call behind them for good."""
+    backend = DaskBackend(cluster=hf_dask_cluster)
+    group = hf.WorkerGroup(hf.ResourcePool([2]), Big, backend=backend)
+    try:
+        group.big()  # the lanes are open
+        refs = group._refs
+        replies = backend.call_ranks(refs, "big", [()] * 2, [{}] * 2, label="big", blocking=True)
+        later = list(group.after())
+        start = time.monotonic()
+        values = backend.gather([*replies, *later])
+        assert time.monotonic() - start < 10
+        assert [v.shape[0] for v in values[:2]] == [1 << 19] * 2 and values[2:] == [1, 1]
+    finally:
+        group.shutdown()
+        backend.shutdown()

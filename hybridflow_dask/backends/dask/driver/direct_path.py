@@ -88,7 +88,7 @@ class Replies:
 
     def wait(self, timeout: float) -> bool:
         """Whether the call settled within ``timeout`` seconds; its caller reads its
-        lanes' replies itself meanwhile, when it can (``lane.read_replies``)."""
+        lanes' replies itself meanwhile, when it can (``read_replies``)."""
         if self.lanes and not self.settled.is_set():
             give_up = time.monotonic() + timeout
             read_replies(self.lanes, self.settled.is_set, timeout)
@@ -284,24 +284,32 @@ class DirectPath:
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [m]) for lane, batch in together for m in batch]
-        # The caller reads the replies itself when every one comes on a lane it can read.
-        caller_reads = sum(map(len, batches.values())) == len(messages) and all(
-            lane.caller_reads for lane in batches
+        # The caller reads the replies itself when every one comes on a lane it can read,
+        # one request per lane (it then writes nothing there before it reads).
+        caller_reads = (
+            sum(map(len, batches.values())) == len(messages)
+            and len(together) == len(batches)
+            and all(lane.callers_may_read for lane in batches)
         )
-        for lane, batch in together:
-            try:
-                if len(batch) == 1:
-                    lane.request(batch[0].msg, batch[0], caller_reads=caller_reads)
-                else:
-                    msg = _batch_msg(batch, method, deadline)
-                    lane.request(msg, _Batch(batch), caller_reads=caller_reads)
-            except ConnectionError:  # broke just now: the Dask comm reports what happened
-                for message in batch:
-                    self._post(message)
-                if caller_reads:  # a reply now comes another way: the lanes' threads read
-                    caller_reads = False
-                    for asked in batches:
-                        asked.hand_over()
+        try:
+            for lane, batch in together:
+                try:
+                    if len(batch) == 1:
+                        lane.request(batch[0].msg, batch[0], read_by_caller=caller_reads)
+                    else:
+                        msg = _batch_msg(batch, method, deadline)
+                        lane.request(msg, _Batch(batch), read_by_caller=caller_reads)
+                except ConnectionError:  # broke just now: the Dask comm reports what happened
+                    for message in batch:
+                        self._post(message)
+                    if caller_reads:  # a reply comes another way: the lanes' threads read
+                        caller_reads = False
+                        for asked in batches:
+                            asked.hand_over()
+        except BaseException:
+            for asked in batches:  # nobody will wait for these replies: the threads read
+                asked.hand_over()
+            raise
         if caller_reads and replies is not None:
             replies.lanes = tuple(batches)
         return [message.future for message in messages]
@@ -534,8 +542,10 @@ class DirectPath:
         if lanes is None:
             return None
         process = (slot.address, slot.worker_id)
-        if self._live.is_dead(slot):  # its lane, if any, is closed: forget it
-            lanes.pop(process, None)
+        if self._live.is_dead(slot):  # forget its lane (closed, if it is not yet)
+            dead = lanes.pop(process, None)
+            if isinstance(dead, Lane):
+                dead.close()
             return None
         lane = lanes.get(process, _UNASKED)
         if isinstance(lane, _NotYet):

@@ -32,10 +32,11 @@ socket write to finish, so the next call cannot change a result still being copi
 Neither end ever waits to write while it should be reading: each side's reader only
 reads and hands over (releases go out from a thread of their own, fetch replies from
 the worker's fetch threads), so two large transfers in opposite directions, or a release
-behind a large request, always make progress. A driver's write that is still not done
-at its call's deadline (``hybridflow.call-timeout`` in force when the call was made),
-and a worker's that makes no progress for ``STALL_TIMEOUT_S``, break the lane instead of
-blocking forever.
+behind a large request, always make progress. A caller reads its own replies only when
+its call sends one request per lane: it writes nothing more there before it reads. A
+driver's write that is still not done at its call's deadline (``hybridflow.call-timeout``
+in force when the call was made), and a worker's that makes no progress for
+``STALL_TIMEOUT_S``, break the lane instead of blocking forever.
 """
 
 from __future__ import annotations
@@ -131,13 +132,15 @@ class Lane:
         self._inbox = Inbox(self._sock)
         #: Whether a waiting caller may read this lane's replies itself (a plain socket,
         #: on Linux); else the reader thread always reads.
-        self.caller_reads = tls is None and bool(_ENDED) and hasattr(os, "eventfd")
+        self.callers_may_read = tls is None and bool(_ENDED) and hasattr(os, "eventfd")
         #: Someone holds the reading: the reader thread, or a caller in ``read_replies``.
-        self._reading = not self.caller_reads
+        self._reading = not self.callers_may_read
         #: The reading was handed to the reader thread, which has not taken it up yet.
         self._asked = False
         self._turn = threading.Condition(self._lock)
-        self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) if self.caller_reads else -1
+        self._wake = -1
+        if self.callers_may_read:
+            self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
         self._reader = threading.Thread(target=self._serve, name="hybridflow-lane", daemon=True)
         self._reader.start()
         if self._pull_from is not None:
@@ -145,13 +148,13 @@ class Lane:
                 target=self._release, name="hybridflow-lane-release", daemon=True
             ).start()
 
-    def request(self, msg: dict, context: Any, *, caller_reads: bool = False) -> None:
+    def request(self, msg: dict, context: Any, *, read_by_caller: bool = False) -> None:
         """Send ``msg``; its reply goes to ``on_reply(context, reply)``. A write that makes
         no progress until ``msg["deadline"]`` (``time.time()``: the limit in force when
         its call was made) breaks the lane rather than block its caller for good.
 
-        ``caller_reads``: the caller will wait for the reply in ``read_replies`` (or hand
-        it over with ``hand_over``); else the reader thread reads it.
+        ``read_by_caller``: the caller will wait for the reply in ``read_replies`` (or
+        hand it over with ``hand_over``); else the reader thread reads it.
         Raises ``ConnectionError`` when the lane is already broken (nothing was sent).
         """
         with self._lock:
@@ -159,7 +162,7 @@ class Lane:
                 raise ConnectionError("the lane is closed")
             ident = next(self._ids)
             self._waiting[ident] = (context, msg)
-            if not caller_reads:
+            if not read_by_caller:
                 self._ask_reader()
         msg["id"] = ident
         deadline = msg.get("deadline")
@@ -198,7 +201,7 @@ class Lane:
             self._reading = self._asked = True
             os.eventfd_write(self._wake, 1)
 
-    def _take_reading(self) -> bool:
+    def _acquire_reading(self) -> bool:
         """Whether the calling thread may read now (it then gives the reading back)."""
         with self._lock:
             if self._reading or self.broken:
@@ -206,7 +209,7 @@ class Lane:
             self._reading = True
             return True
 
-    def _give_back_reading(self) -> None:
+    def _release_reading(self) -> None:
         with self._lock:
             self._reading = False
             if self._waiting:  # replies no caller is reading: the reader thread's
@@ -215,7 +218,7 @@ class Lane:
 
     # -- reading ------------------------------------------------------------------------------
 
-    def _take(self) -> None:
+    def _read_one(self) -> None:
         """The next reply from the inbox (waiting for it, if it is not all in), handed on."""
         reply, copied = read_message(self._inbox, self._pull_from, self._limits)
         ident = reply.pop("id")
@@ -236,12 +239,15 @@ class Lane:
             while (size := self._inbox.next_size()) is not None:
                 if size > self._inbox.buffered:
                     return size <= self._inbox.capacity
-                self._take()
+                self._read_one()
             return True
         except (EOFError, OSError):
             pass
         except Exception:  # a reply that cannot be read: the lane is no longer usable
             logger.exception("lane to a worker failed")
+        except BaseException:  # interrupted, maybe half way through a reply: out of step
+            self._end()
+            raise
         self._end()
         return False
 
@@ -250,23 +256,25 @@ class Lane:
         a lane callers cannot read. Between turns it sleeps until asked, or until the
         connection ends (then it reads up to that end)."""
         try:
-            if not self.caller_reads:
-                while True:
-                    self._take()
-            with select.epoll() as watch:
-                watch.register(self._wake, select.EPOLLIN)
-                watch.register(self._raw.fileno(), _ENDED)
-                while self._turn_to_read(watch):
-                    self._read_while_waited_for()
-        except (EOFError, OSError):
-            pass
-        except Exception:  # a reply that cannot be read: the lane is no longer usable
-            logger.exception("lane to a worker failed")
-        self._end()  # (a no-op when a caller ended it)
-        with self._lock:
-            if self._wake >= 0:
-                os.close(self._wake)
-                self._wake = -1
+            try:
+                if not self.callers_may_read:
+                    while True:
+                        self._read_one()
+                with select.epoll() as watch:
+                    watch.register(self._wake, select.EPOLLIN)
+                    watch.register(self._raw.fileno(), _ENDED)
+                    while self._turn_to_read(watch):
+                        self._read_while_waited_for()
+            except (EOFError, OSError):
+                pass
+            except Exception:  # a reply that cannot be read: the lane is no longer usable
+                logger.exception("lane to a worker failed")
+            self._end()  # (a no-op when a caller ended it)
+        finally:
+            with self._lock:
+                if self._wake >= 0:
+                    os.close(self._wake)
+                    self._wake = -1
 
     def _turn_to_read(self, watch: Any) -> bool:
         """Sleep until this thread holds the reading; ``False`` when the lane ended."""
@@ -289,7 +297,7 @@ class Lane:
                         return False
                     self._reading, self._asked = True, False
                 while True:
-                    self._take()  # until the end: EOFError
+                    self._read_one()  # until the end: EOFError
 
     def _read_while_waited_for(self) -> None:
         """Read while replies are waited for; then give the reading back."""
@@ -299,7 +307,7 @@ class Lane:
                     self._reading = False
                     self._turn.notify_all()
                     return
-            self._take()
+            self._read_one()
 
     def _end(self) -> None:
         """The lane is over (by its reader, the only one then): its waiting requests are
@@ -372,17 +380,17 @@ def read_replies(lanes: Sequence[Lane], done: Callable[[], bool], timeout: float
     caller past ``timeout``. It reads none when another thread reads one of ``lanes``,
     and stops early when a lane ends or a reply is too large for its lane's buffer: the
     lanes' reader threads then read what is still waited for, and the caller waits."""
-    taken = []
-    for lane in lanes:
-        if not lane._take_reading():
-            break
-        taken.append(lane)
+    taken: list[Lane] = []
     try:
-        if len(taken) == len(lanes):
+        for lane in lanes:
+            if not lane._acquire_reading():
+                break
+            taken.append(lane)
+        else:
             _read_until(taken, done, time.monotonic() + timeout)
     finally:
         for lane in taken:
-            lane._give_back_reading()
+            lane._release_reading()
 
 
 def _read_until(lanes: list[Lane], done: Callable[[], bool], give_up: float) -> None:
