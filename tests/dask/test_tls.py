@@ -7,6 +7,7 @@ import shutil
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -20,9 +21,10 @@ import hybridflow_dask as hf
 from hybridflow_dask.backends import SchedulerUnreachableError
 from hybridflow_dask.backends.dask.driver import backend as dask_backend
 from hybridflow_dask.backends.dask.driver import connect
-from hybridflow_dask.backends.dask.driver.lane import Lane
+from hybridflow_dask.backends.dask.driver.lane import Lane, read_replies
 from hybridflow_dask.backends.dask.internals import workers_of
 from hybridflow_dask.backends.dask.wire.lane_protocol import lane_host
+from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
 
 
 class Doubler(hf.Worker):
@@ -206,3 +208,35 @@ def test_a_lane_peer_without_the_clusters_certificate_is_refused(tls_backend, se
         assert group.double(2) == [4]  # the worker's lane still serves its drivers
     finally:
         group.shutdown()
+
+
+def test_a_tls_lanes_replies_are_read_by_their_waiting_caller(security):
+    """Replies of several TLS records each, more of them than the lane's buffer holds at
+    once, all read in the caller's thread: what is decrypted but not yet read is taken
+    in before the caller waits on the socket again."""
+
+    def handle(msg, reply):
+        answer = {"id": msg["id"], "n": msg["n"], "pad": b"p" * 40_000}
+        threading.Thread(target=reply, args=(answer,)).start()
+
+    server = LaneServer("127.0.0.1", handle, tls=security.get_listen_args("worker")["ssl_context"])
+    got: list = []
+    lane = Lane(
+        "127.0.0.1",
+        server.port,
+        server.token_for("driver-a"),
+        on_reply=lambda ctx, reply: got.append((reply["n"], threading.get_ident())),
+        on_broken=lambda pending: None,
+        same_host=False,
+        tls=security.get_connection_args("client")["ssl_context"],
+    )
+    try:
+        assert lane.tls and lane.callers_may_read
+        for n in range(5):
+            lane.request({"op": "call", "n": n}, n, read_by_caller=True)
+        read_replies([lane], lambda: len(got) == 5, 10.0)
+        assert sorted(n for n, _ in got) == list(range(5))
+        assert {thread for _, thread in got} == {threading.get_ident()}
+    finally:
+        lane.close()
+        server.close()

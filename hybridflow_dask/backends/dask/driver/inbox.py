@@ -20,8 +20,7 @@ __all__ = ["Inbox"]
 
 
 class Inbox:
-    """A lane socket's received bytes (``sock``: a plain socket, or a ``TLSChannel`` read
-    only blocking)."""
+    """A lane socket's received bytes (``sock``: a plain socket, or a ``TLSChannel``)."""
 
     def __init__(self, sock: Any, size: int = BUFFER) -> None:
         self._sock = sock
@@ -62,8 +61,7 @@ class Inbox:
 
     def receive_now(self) -> int | None:
         """Take in what the socket holds now, without waiting: the bytes taken, 0 at the
-        end of the stream, ``None`` when it holds nothing or the buffer is full (plain
-        sockets only)."""
+        end of the stream, ``None`` when it holds nothing or the buffer is full."""
         if self._start == 0 and self._end == len(self._buffer):
             return None  # whole messages only: a reader takes them first
         try:
@@ -78,6 +76,11 @@ class Inbox:
     @property
     def buffered(self) -> int:
         return self._end - self._start
+
+    @property
+    def at_end(self) -> bool:
+        """Whether what was taken in reaches the buffer's end (more may have arrived)."""
+        return self._end == len(self._buffer)
 
     def _receive(self, flags: int) -> int:
         """Bytes from the socket at the buffer's free end (what is unread moves to the

@@ -12,7 +12,7 @@ round trip here, against over a millisecond through the loops).
 
 Each lane also has a reader thread, for the replies no caller reads: a caller that gave
 up waiting, one that another thread's reading shut out, a reply too large for the
-lane's buffer, a TLS lane (its records cannot be read without waiting). While a caller
+lane's buffer, a fetch. While a caller
 reads, the thread sleeps, woken only when asked or when the connection ends, so a lane
 whose worker died is still noticed at once. Handing a reply from a reader thread to its
 caller cost ~35 µs of wake-ups per round trip here, and its GIL hand-offs held up the
@@ -130,9 +130,9 @@ class Lane:
         self._waiting: dict[int, tuple[Any, dict]] = {}
         self.broken = False
         self._inbox = Inbox(self._sock)
-        #: Whether a waiting caller may read this lane's replies itself (a plain socket,
-        #: on Linux); else the reader thread always reads.
-        self.callers_may_read = tls is None and bool(_ENDED) and hasattr(os, "eventfd")
+        #: Whether a waiting caller may read this lane's replies itself (on Linux); else
+        #: the reader thread always reads.
+        self.callers_may_read = bool(_ENDED) and hasattr(os, "eventfd")
         #: Someone holds the reading: the reader thread, or a caller in ``read_replies``.
         self._reading = not self.callers_may_read
         #: The reading was handed to the reader thread, which has not taken it up yet.
@@ -234,13 +234,18 @@ class Lane:
         whole reply in the inbox handed on. ``False`` when the caller cannot go on: the
         lane ended, or the next reply is too large for the inbox (the reader thread's)."""
         try:
-            if self._inbox.receive_now() == 0:
-                raise EOFError("the lane ended")
-            while (size := self._inbox.next_size()) is not None:
-                if size > self._inbox.buffered:
-                    return size <= self._inbox.capacity
-                self._read_one()
-            return True
+            while True:
+                got = self._inbox.receive_now()
+                if got == 0:
+                    raise EOFError("the lane ended")
+                while (size := self._inbox.next_size()) is not None:
+                    if size > self._inbox.capacity:
+                        return False
+                    if size > self._inbox.buffered:
+                        break
+                    self._read_one()
+                if got is None or not self._inbox.at_end:
+                    return True  # it took in all there was
         except (EOFError, OSError):
             pass
         except Exception:  # a reply that cannot be read: the lane is no longer usable

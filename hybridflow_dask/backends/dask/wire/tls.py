@@ -59,10 +59,16 @@ class TLSChannel:
                     records = self._outgoing.read()
                 self._sock.sendall(records)
 
-    def recv_into(self, buffer: Any, nbytes: int = 0) -> int:
-        """Decrypted bytes into ``buffer``; 0 at the end of the stream. One reader only."""
+    def recv_into(self, buffer: Any, nbytes: int = 0, flags: int = 0) -> int:
+        """Decrypted bytes into ``buffer``; 0 at the end of the stream. One reader only.
+
+        With ``MSG_DONTWAIT``, only what has arrived, as much of it as fits (what is left
+        decrypted but unread here, a poll of the socket cannot see), and
+        ``BlockingIOError`` when nothing has."""
         view = memoryview(buffer).cast("B")
         size = nbytes or len(view)
+        if flags & socket.MSG_DONTWAIT:
+            return self._recv_now(view[:size])
         while True:
             with self._state:
                 try:
@@ -73,6 +79,29 @@ class TLSChannel:
                     return 0
             if not self._pull():
                 return 0
+
+    def _recv_now(self, view: memoryview) -> int:
+        got = 0
+        while got < len(view):
+            with self._state:
+                try:
+                    got += cast(int, self._tls.read(len(view) - got, view[got:]))
+                    continue
+                except ssl.SSLWantReadError:
+                    pass
+                except ssl.SSLZeroReturnError:
+                    return got
+            try:
+                data = self._sock.recv(_CHUNK, socket.MSG_DONTWAIT)
+            except BlockingIOError:
+                if got:
+                    return got
+                raise
+            if not data:
+                return got
+            with self._state:
+                self._incoming.write(data)
+        return got
 
     def recv(self, size: int, flags: int = 0) -> bytes:
         """Up to ``size`` bytes; all of them with ``MSG_WAITALL`` (or fewer at the end)."""
