@@ -2,9 +2,10 @@
 
 An ``ssl.SSLSocket`` must not be read in one thread while another writes to it: OpenSSL
 forbids using one connection's ``SSL`` object from two threads at once. The lane needs
-exactly that (a reader thread per lane, callers and instances writing), so its TLS runs
-on memory buffers instead (``SSLContext.wrap_bio``): every use of the TLS state holds a
-short lock, and the socket is read and written outside it. Records reach the socket in
+exactly that (one thread reading, a waiting caller or the lane's reader, while callers
+and instances write), so its TLS runs on memory buffers instead
+(``SSLContext.wrap_bio``): every use of the TLS state holds a short lock, and the socket
+is read and written outside it. Records reach the socket in
 the order they were made (one sending lock), records the reader makes (TLS 1.3
 post-handshake messages) go out with the next write, and the reader never writes.
 
