@@ -291,6 +291,7 @@ class DirectPath:
             and len(together) == len(batches)
             and all(lane.callers_may_read for lane in batches)
         )
+        sent = False
         try:
             for lane, batch in together:
                 try:
@@ -302,14 +303,12 @@ class DirectPath:
                 except ConnectionError:  # broke just now: the Dask comm reports what happened
                     for message in batch:
                         self._post(message)
-                    if caller_reads:  # a reply comes another way: the lanes' threads read
-                        caller_reads = False
-                        for asked in batches:
-                            asked.hand_over()
-        except BaseException:
-            for asked in batches:  # nobody will wait for these replies: the threads read
-                asked.hand_over()
-            raise
+                    caller_reads = False  # a reply comes another way: the caller reads none
+            sent = True
+        finally:
+            if not (sent and caller_reads):  # nobody waits on these lanes: their threads read
+                for asked in batches:
+                    asked.hand_over()
         if caller_reads and replies is not None:
             replies.lanes = tuple(batches)
         return [message.future for message in messages]

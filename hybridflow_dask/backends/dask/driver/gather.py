@@ -25,7 +25,7 @@ from ...base import WorkerLostError
 from ..config import call_timeout
 from ..internals import future_state, wait_all
 from .call_path import CallPath
-from .direct_path import DEATH_WAIT_S, Replies, ReplyFuture, one_call
+from .direct_path import DEATH_WAIT_S, ReplyFuture, one_call
 from .liveness import Liveness
 from .timeouts import timed_out
 
@@ -190,14 +190,10 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
     deadline = time.monotonic() + timeout
     remote = [f for f in futures if isinstance(f, Future)]
     replies = [f for f in futures if isinstance(f, ReplyFuture)]
-    call = replies[0].replies if replies else None
-    one_call_only = (
-        call is not None
-        and not remote
-        and not call.settled.is_set()
-        and all(f.replies is call for f in replies)
-    )
-    if not one_call_only:  # this thread reads no lane while it waits here: their threads do
+    call = one_call(futures)  # one call's ranks only, none failed yet: it reads its lanes
+    if call is not None and call.settled.is_set():
+        call = None
+    if call is None:  # this thread reads no lane while it waits here: their threads do
         for replied in {f.replies for f in replies if f.replies is not None}:
             replied.hand_over()
     if remote:
@@ -205,8 +201,8 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
     left = deadline - time.monotonic()
     if not replies or left <= 0:
         return
-    if one_call_only:
-        cast(Replies, call).wait(left)  # one call's ranks, none failed yet
+    if call is not None:
+        call.wait(left)
     else:  # one wake-up when all are done (or one failed), not one per rank
         concurrent.futures.wait(
             replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION

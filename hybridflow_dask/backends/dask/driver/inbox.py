@@ -34,16 +34,14 @@ class Inbox:
         return len(self._buffer)
 
     def read(self, size: int) -> bytes:
-        """``size`` bytes (fewer only at the end of the stream), waiting for them."""
+        """``size`` bytes (fewer only at the end of the stream), waiting for them: a
+        message's header or fields, never more than the buffer holds (``readinto`` is
+        for frames)."""
         if size > len(self._buffer):
-            whole = bytearray(size)
-            got = 0
-            while got < size and (n := self.readinto(memoryview(whole)[got:])):
-                got += n
-            return bytes(whole[:got])
-        while self._end - self._start < size and self._receive(0):
+            raise ValueError(f"read {size} bytes with readinto: the buffer holds {self.capacity}")
+        while self.buffered < size and self._receive(0):
             pass
-        size = min(size, self._end - self._start)
+        size = min(size, self.buffered)
         data = bytes(self._view[self._start : self._start + size])
         self._start += size
         return data
@@ -51,7 +49,7 @@ class Inbox:
     def readinto(self, buffer: Any) -> int:
         """What is buffered into ``buffer``, else (waiting) straight from the socket."""
         view = memoryview(buffer).cast("B")
-        buffered = self._end - self._start
+        buffered = self.buffered
         if not buffered:
             return int(self._sock.recv_into(view))
         size = min(buffered, view.nbytes)

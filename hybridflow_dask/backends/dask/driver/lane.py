@@ -71,8 +71,10 @@ __all__ = ["Lane", "read_replies"]
 logger = logging.getLogger(__name__)
 
 
-#: A reader thread that sleeps while callers read wakes on these (never on mere data).
-_ENDED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if hasattr(select, "epoll") else 0
+#: Whether a lane's reader thread can sleep while callers read (Linux's epoll, eventfd).
+_CAN_SLEEP = hasattr(select, "epoll") and hasattr(os, "eventfd")
+#: What wakes a sleeping reader thread besides being asked (never mere data).
+_ENDED = select.EPOLLRDHUP | select.EPOLLHUP | select.EPOLLERR if _CAN_SLEEP else 0
 
 
 class Lane:
@@ -132,7 +134,7 @@ class Lane:
         self._inbox = Inbox(self._sock)
         #: Whether a waiting caller may read this lane's replies itself (on Linux); else
         #: the reader thread always reads.
-        self.callers_may_read = bool(_ENDED) and hasattr(os, "eventfd")
+        self.callers_may_read = _CAN_SLEEP
         #: Someone holds the reading: the reader thread, or a caller in ``read_replies``.
         self._reading = not self.callers_may_read
         #: The reading was handed to the reader thread, which has not taken it up yet.
