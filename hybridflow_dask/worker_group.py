@@ -667,15 +667,25 @@ class WorkerGroup:
             return value
 
         ranks = list(ranks)
+        if split and all(_one_object(v) for v in (*args, *kwargs.values())):
+            # each rank's item is the very same object (``ONE_TO_ALL``'s lists): as if unsplit
+            args, kwargs = tuple(v[0] for v in args), {k: v[0] for k, v in kwargs.items()}
+            split = False
         rank_args: list[tuple] = []
         rank_kwargs: list[dict] = []
-        for rank in ranks:
-            a = (*route, *(pick(v, rank) for v in args))
-            kw = {k: pick(v, rank) for k, v in kwargs.items()}
-            if rank_args:  # ranks given the very same objects share one tuple and dict,
-                a, kw = _same_or(a, rank_args[-1]), _same_or(kw, rank_kwargs[-1])
-            rank_args.append(a)  # which a backend may pack once for all of them
-            rank_kwargs.append(kw)
+        if not split and not (materialize and _any_proto_future(args, kwargs)):
+            # Every rank is given the very same objects: one tuple and one dict for all
+            # (which a backend may pack once for all of them).
+            rank_args = [(*route, *args)] * len(ranks)
+            rank_kwargs = [dict(kwargs)] * len(ranks)
+        else:
+            for rank in ranks:
+                a = (*route, *(pick(v, rank) for v in args))
+                kw = {k: pick(v, rank) for k, v in kwargs.items()}
+                if rank_args:  # ranks given the very same objects share them here too
+                    a, kw = _same_or(a, rank_args[-1]), _same_or(kw, rank_kwargs[-1])
+                rank_args.append(a)
+                rank_kwargs.append(kw)
         return call_ranks(
             self._backend,
             [self._refs[rank] for rank in ranks],
@@ -722,6 +732,16 @@ class WorkerGroup:
 
 
 _MISSING = object()
+
+
+def _one_object(items: list) -> bool:
+    """Whether every item of ``items`` (a rank's each) is the very same object."""
+    first = items[0]
+    return all(item is first for item in items)
+
+
+def _any_proto_future(args: tuple, kwargs: dict) -> bool:
+    return any(isinstance(v, DataProtoFuture) for v in (*args, *kwargs.values()))
 
 
 def _same_or(made: Any, previous: Any) -> Any:

@@ -69,11 +69,12 @@ from .call_path import CallPath, RankCall
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
-from .direct_path import DirectPath, ReplyFuture
+from .direct_path import DirectPath
 from .gather import Gathering, wait_some
 from .liveness import Liveness, TopicFanOut, dead_address, futures_in
 from .placement import WorkerInfo, assign_slots, workers_needed
 from .reachability import CONNECT_S, PROBE_S, Reachability
+from .replies import REPLY_KINDS
 from .task_path import TaskPath
 
 __all__ = ["DaskBackend"]
@@ -601,7 +602,7 @@ class DaskBackend:
         return None
 
     def is_future(self, obj: Any) -> bool:
-        return isinstance(obj, (Future, ReplyFuture))
+        return isinstance(obj, (Future, *REPLY_KINDS))
 
     @property
     def closed(self) -> bool:

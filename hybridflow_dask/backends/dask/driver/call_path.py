@@ -12,7 +12,7 @@ future), and leaves to the path only how a call travels:
 
 Either way a call's arguments are captured when it is made and its result when the
 method returns (see ``wire.snapshot``), and what the driver holds is an ordinary
-``distributed.Future`` (or, for a blocking call on the direct path, a ``ReplyFuture``).
+``distributed.Future`` (or, for a blocking call on the direct path, a ``RankReply``).
 """
 
 from __future__ import annotations

@@ -50,14 +50,15 @@ from ..internals import (
 )
 from ..wire.keys import InputKey, swap_inputs, task_key
 from ..wire.lane_protocol import is_tls, lane_host
-from ..wire.messages import LaneLimits, pack, plain_call, unpack
+from ..wire.messages import Framed, LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, same_objects
 from .channel import Channel
-from .lane import Lane, read_replies
+from .lane import Lane
 from .liveness import Liveness, futures_in
+from .replies import RankReply, Replies, ReplyFuture
 
-__all__ = ["DirectPath", "Replies", "ReplyFuture", "one_call"]
+__all__ = ["DirectPath"]
 
 logger = logging.getLogger(__name__)
 
@@ -69,86 +70,6 @@ DEATH_WAIT_S = 2.0
 WITHDRAW_WAIT_S = 10.0
 #: How long the driver waits for a worker to say where its socket lane listens.
 LANE_ASK_TIMEOUT_S = 10.0
-
-
-class Replies:
-    """The replies of one blocking call, counted as they come: its caller waits once for
-    all of them (or the first failure), instead of on every rank's future."""
-
-    __slots__ = ("_left", "_lock", "failed", "lanes", "settled")
-
-    def __init__(self, count: int) -> None:
-        self._left = count
-        self._lock = threading.Lock()
-        #: Set once every reply is in, or one is a failure.
-        self.settled = threading.Event()
-        self.failed = False
-        #: The lanes that carry every one of its messages, when the caller reads them.
-        self.lanes: tuple[Lane, ...] = ()
-
-    def wait(self, timeout: float) -> bool:
-        """Whether the call settled within ``timeout`` seconds; its caller reads its
-        lanes' replies itself meanwhile, when it can (``read_replies``)."""
-        if self.lanes and not self.settled.is_set():
-            give_up = time.monotonic() + timeout
-            read_replies(self.lanes, self.settled.is_set, timeout)
-            timeout = max(give_up - time.monotonic(), 0.0)
-        return self.settled.wait(timeout)
-
-    def hand_over(self) -> None:
-        """Its replies are waited for elsewhere from now on: the lanes' threads read them."""
-        lanes, self.lanes = self.lanes, ()
-        for lane in lanes:
-            lane.hand_over()
-
-    def count(self, failed: bool) -> None:
-        with self._lock:
-            self._left -= 1
-            last = self._left == 0
-            self.failed = self.failed or failed
-        if last or failed:
-            self.settled.set()
-
-    def all_ok(self) -> bool:
-        """Whether every reply is in and none is a failure."""
-        return self.settled.is_set() and not self.failed
-
-
-def one_call(futures: Sequence[Any]) -> Replies | None:
-    """The blocking call whose replies ``futures`` all are (all its ranks, or some), if any."""
-    first = futures[0] if futures else None
-    replies = first.replies if type(first) is ReplyFuture else None
-    if replies is not None and all(
-        type(f) is ReplyFuture and f.replies is replies for f in futures
-    ):
-        return replies
-    return None
-
-
-class ReplyFuture(concurrent.futures.Future):
-    """The outcome of a direct message the caller waits for (never held by the scheduler);
-    ``replies``: the call it is one rank's part of, told when this one is settled."""
-
-    def __init__(self, key: str, replies: Replies | None = None) -> None:
-        super().__init__()
-        self.key = key
-        self.replies = replies
-
-    def set_result(self, result: Any) -> None:
-        super().set_result(result)
-        if self.replies is not None:
-            self.replies.count(failed=False)
-
-    def set_exception(self, exception: BaseException | None) -> None:
-        super().set_exception(exception)
-        if self.replies is not None:
-            self.replies.count(failed=True)
-
-    @property
-    def status(self) -> str:
-        if not self.done():
-            return "pending"
-        return "error" if self.exception() is not None else "finished"
 
 
 _UNASKED: Any = object()
@@ -267,7 +188,10 @@ class DirectPath:
         which writes every message posted in one turn of the loop at once."""
         shared = _Shared()  # every rank's message is made before any is sent
         replies = Replies(len(calls)) if blocking else None
-        messages = [self._message(c, method, label, deadline, shared, replies) for c in calls]
+        messages = [
+            self._message(c, i, method, label, deadline, shared, replies)
+            for i, c in enumerate(calls)
+        ]
         batches: dict[Lane, list[_Message]] = {}
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         for message in messages:
@@ -316,6 +240,7 @@ class DirectPath:
     def _message(
         self,
         call: RankCall,
+        index: int,
         method: str,
         label: str,
         deadline: float | None,
@@ -324,7 +249,8 @@ class DirectPath:
     ) -> _Message:
         """The message for one rank's part of a call, its future in ``future``. Ranks
         given the very same argument objects share one packing of them. A blocking call
-        (``replies``: the count of its replies) is answered in a ``ReplyFuture``."""
+        (``replies``: its ranks' replies) is answered in a ``RankReply`` (the rank's
+        ``index`` among them)."""
         blocking = replies is not None
         ref, key = call.ref, task_key(label)
         made = shared.get(call.args, call.kwargs)
@@ -346,8 +272,8 @@ class DirectPath:
             sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
             with self._lock:
                 self._counts["scattered"] += sent
-        if blocking:
-            future: Any = ReplyFuture(key, replies)
+        if replies is not None:
+            future: Any = RankReply(key, replies, index)
         else:
             future = pending_future(self.client, key)
             self.expect(key)
@@ -596,7 +522,22 @@ class DirectPath:
             replies = reply.get("replies")
             if not isinstance(replies, list) or len(replies) != len(message.parts):
                 replies = [reply] * len(message.parts)  # the batch as a whole failed
+            plain: list[tuple[int, Any]] = []  # good and ready as they came: in bulk
+            others = []
             for part, answer in zip(message.parts, replies):
+                future = part.future
+                value = answer.get("result")
+                if (
+                    type(future) is RankReply
+                    and answer.get("status") == "OK"
+                    and type(value) is not Framed
+                ):
+                    plain.append((future.index, value))
+                else:
+                    others.append((part, answer))
+            if plain:  # (all of one call: a batch is one call's parts in one process)
+                message.parts[0].future.replies.settle_all(plain)
+            for part, answer in others:  # (after: a failure wakes the caller at once)
                 self._lane_reply(part, answer)
             return
         error = _reply_error(reply)
@@ -775,6 +716,9 @@ class DirectPath:
         if future is None:
             if error is not None:
                 logger.debug("message %s to %s failed: %r", message.op, message.address, error)
+            return
+        if type(future) is RankReply:
+            future.replies.settle(future.index, reply.get("result") if reply else None, error)
             return
         if isinstance(future, ReplyFuture):
             if future.done():

@@ -1,7 +1,8 @@
 """Gathering results in the driver: wait (bounded, watching liveness), then fetch.
 
 One flow for every kind of future the backend hands out (a ``distributed.Future`` kept on
-a worker, a ``ReplyFuture`` of a blocking call): the first failure in rank order is
+a worker, a ``RankReply`` of a blocking call's rank, a ``ReplyFuture`` of an instance's
+creation): the first failure in rank order is
 raised once the ones before it are done, a lost worker fails the wait at once, a call's
 deadline (``hybridflow.call-timeout`` when it was made) ends the wait with
 ``CallTimeoutError``, and finished results are fetched on the call path's lanes where it
@@ -25,8 +26,9 @@ from ...base import WorkerLostError
 from ..config import call_timeout
 from ..internals import future_state, wait_all
 from .call_path import CallPath
-from .direct_path import DEATH_WAIT_S, ReplyFuture, one_call
+from .direct_path import DEATH_WAIT_S
 from .liveness import Liveness
+from .replies import REPLY_KINDS, RankReply, ReplyFuture, one_call
 from .timeouts import timed_out
 
 __all__ = ["Gathering", "wait_some"]
@@ -81,7 +83,7 @@ class Gathering:
             if pending and self._out_of_time(pending, start, limit):
                 raise timed_out(pending, limit, self._live.issued, self._path.withdraw) from None
         for f in futures:  # the first failure, in rank order, as Dask's gather raises it
-            if isinstance(f, ReplyFuture) and f.done() and f.exception() is not None:
+            if isinstance(f, REPLY_KINDS) and f.done() and f.exception() is not None:
                 raise _detached(cast(BaseException, f.exception()))  # checked just above
             if isinstance(f, Future) and f.status == "error":
                 state = future_state(f)
@@ -163,7 +165,7 @@ class Gathering:
 
     def _at_hand(self, f: Any) -> Any:
         """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
-        if isinstance(f, ReplyFuture):
+        if isinstance(f, REPLY_KINDS):
             return f.result()
         if isinstance(f, Future):
             return self._path.plain_result(f, _FETCH)
@@ -172,11 +174,11 @@ class Gathering:
 
 def _error_of(f: Any) -> BaseException | None:
     """The error of a failed future of either kind."""
-    return f.exception() if isinstance(f, ReplyFuture) else future_state(f).exception
+    return f.exception() if isinstance(f, REPLY_KINDS) else future_state(f).exception
 
 
 def _is_pending_kind(obj: Any) -> bool:
-    return isinstance(obj, (Future, ReplyFuture))
+    return isinstance(obj, (Future, *REPLY_KINDS))
 
 
 def _is_pending(obj: Any) -> bool:
@@ -189,12 +191,13 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
         return
     deadline = time.monotonic() + timeout
     remote = [f for f in futures if isinstance(f, Future)]
-    replies = [f for f in futures if isinstance(f, ReplyFuture)]
+    replies = [f for f in futures if isinstance(f, REPLY_KINDS)]
+    calls = {f.replies for f in replies if type(f) is RankReply}
     call = one_call(futures)  # one call's ranks only, none failed yet: it reads its lanes
     if call is not None and call.settled.is_set():
         call = None
     if call is None:  # this thread reads no lane while it waits here: their threads do
-        for replied in {f.replies for f in replies if f.replies is not None}:
+        for replied in calls:
             replied.hand_over()
     if remote:
         client.sync(wait_all, remote, timeout)
@@ -203,9 +206,22 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
         return
     if call is not None:
         call.wait(left)
-    else:  # one wake-up when all are done (or one failed), not one per rank
+        return
+    # one wake-up per call when all its ranks are done (or one failed), not one per rank
+    for replied in calls:
+        if replied.failed:
+            return
+    for replied in calls:
+        if not replied.settled.wait(max(deadline - time.monotonic(), 0.0)):
+            return
+        if replied.failed:
+            return
+    others = [f for f in replies if type(f) is ReplyFuture]
+    if others:
         concurrent.futures.wait(
-            replies, timeout=left, return_when=concurrent.futures.FIRST_EXCEPTION
+            others,
+            timeout=max(deadline - time.monotonic(), 0.0),
+            return_when=concurrent.futures.FIRST_EXCEPTION,
         )
 
 

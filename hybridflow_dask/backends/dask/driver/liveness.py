@@ -22,6 +22,7 @@ from distributed import Future
 
 from ...base import InstanceRef, Slot, WorkerLostError, WorkerUnreachableError
 from .call_path import RankCall, same_objects
+from .replies import one_call
 
 __all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error", "unreachable_error"]
 
@@ -45,7 +46,9 @@ class Liveness:
         #: when its Future is freed.
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
         self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
-        self._refs: dict[str, Any] = {}  # task key -> weak reference to its future
+        #: task key -> weak reference to its future (a blocking call's rank: to its call,
+        #: with the rank's index there)
+        self._refs: dict[str, Any] = {}
         #: task key -> its call's number on its instance, and its deadline (or ``None``)
         self._calls: dict[str, tuple[int, float | None]] = {}
         #: worker id -> the set of just that id (what a task without inputs needs alive)
@@ -75,10 +78,35 @@ class Liveness:
         self._track(future, slot, ref, futures_in(args), seq, deadline)
 
     def track_calls(
-        self, futures: Sequence[Future], calls: Sequence[RankCall], deadline: float | None
+        self, futures: Sequence[Any], calls: Sequence[RankCall], deadline: float | None
     ) -> None:
         """``track`` each rank's part of one call: ranks given the very same argument
-        objects (``ONE_TO_ALL``) are searched for input futures once."""
+        objects (``ONE_TO_ALL``) are searched for input futures once. The ranks of one
+        blocking call (``RankReply``s of one ``Replies``) are forgotten together, when
+        the call is: one weak reference for the call, not one per rank."""
+        together = one_call(futures)
+        if together is None or len(futures) != len(calls):
+            self._track_each(futures, calls, deadline)
+            return
+        keys: list[str] = []
+        call_ref = weakref.ref(together, functools.partial(self._forgotten_all, keys))
+        tasks, numbers, refs = self._tasks, self._calls, self._refs
+        inputs: list[Future] = []
+        last: RankCall | None = None
+        for future, call in zip(futures, calls):
+            if last is None or not (
+                same_objects(call.args, last.args) and same_objects(call.kwargs, last.kwargs)
+            ):
+                inputs, last = futures_in((call.args, call.kwargs)), call
+            key, slot = future.key, call.ref.slot
+            tasks[key] = (slot, call.ref, self._needs(slot, inputs))
+            numbers[key] = (call.seq, deadline)
+            refs[key] = (call_ref, future.index)
+            keys.append(key)
+
+    def _track_each(
+        self, futures: Sequence[Future], calls: Sequence[RankCall], deadline: float | None
+    ) -> None:
         inputs: list[Future] = []
         last: RankCall | None = None
         for future, call in zip(futures, calls):
@@ -97,23 +125,40 @@ class Liveness:
         seq: int | None,
         deadline: float | None,
     ) -> None:
-        if inputs:
-            needs = {slot.worker_id}
-            for dep in inputs:
-                needs |= self._tasks.get(dep.key, _NOTHING)[2]
-            alive: frozenset[str] = frozenset(needs)
-        else:  # the common case: only its own process (one set for all its tasks)
-            alive = self._alone.get(slot.worker_id) or self._alone.setdefault(
-                slot.worker_id, frozenset((slot.worker_id,))
-            )
         key = future.key
-        self._tasks[key] = (slot, ref, alive)
+        self._tasks[key] = (slot, ref, self._needs(slot, inputs))
         if seq is not None:
             self._calls[key] = (seq, deadline)
         # A weak reference with a callback, not weakref.finalize: finalize keeps a global
         # registry and costs several times more, on every call. The callback fires only
         # while this reference is stored, so a newer Future of the same key replaces it.
         self._refs[key] = weakref.ref(future, functools.partial(self._forgotten, key))
+
+    def _needs(self, slot: Slot, inputs: list[Future]) -> frozenset[str]:
+        """The processes a task on ``slot`` with ``inputs`` needs alive."""
+        if inputs:
+            needs = {slot.worker_id}
+            for dep in inputs:
+                needs |= self._tasks.get(dep.key, _NOTHING)[2]
+            return frozenset(needs)
+        # the common case: only its own process (one set for all its tasks)
+        return self._alone.get(slot.worker_id) or self._alone.setdefault(
+            slot.worker_id, frozenset((slot.worker_id,))
+        )
+
+    def _pending(self, key: str) -> Any:
+        """The tracked future of ``key`` if it is not done yet (a blocking call's rank:
+        ``True``, its future is not kept), else ``None``."""
+        ref = self._refs.get(key)
+        if type(ref) is tuple:  # (the call's weak reference, the rank's index)
+            call = ref[0]()
+            return True if call is not None and not call.is_done(ref[1]) else None
+        fut = ref() if ref is not None else None
+        return fut if fut is not None and not fut.done() else None
+
+    def _forgotten_all(self, keys: list[str], _: Any) -> None:
+        for key in keys:
+            self._forget(key)
 
     def _forgotten(self, key: str, _: Any) -> None:
         self._forget(key)
@@ -148,10 +193,9 @@ class Liveness:
         for key, (_, ref, needs) in list(self._tasks.items()):
             if ref is None or worker_id not in needs:
                 continue
-            fut = self._refs.get(key, lambda: None)()
-            if fut is not None and not fut.done():
+            if self._pending(key) is not None:
                 group = ref.group.replace("-", "_")  # as in task keys
-                found.append((ref, _label(fut)[len(group) + 1 :]))
+                found.append((ref, _label_of(key)[len(group) + 1 :]))
         return found
 
     def unreachable(self, slot: Slot, bound: float) -> None:
@@ -263,8 +307,9 @@ class Liveness:
         found = []
         for key, (_, _, needs) in list(self._tasks.items()):
             if needs & self._dead:
-                fut = self._refs.get(key, lambda: None)()
-                if fut is not None and not fut.done():
+                fut = self._pending(key)
+                # (a blocking call's rank is not cancelled: it fails through its message)
+                if fut is not None and fut is not True:
                     found.append(fut)
         return found
 
@@ -347,4 +392,8 @@ def futures_in(values: Any, depth: int = 2) -> list[Future]:
 
 
 def _label(fut: Future) -> str:
-    return str(fut.key).rsplit("-", 1)[0]
+    return _label_of(fut.key)
+
+
+def _label_of(key: str) -> str:
+    return str(key).rsplit("-", 1)[0]

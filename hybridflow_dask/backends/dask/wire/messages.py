@@ -128,6 +128,10 @@ class Framed:
         return (Framed, (self.header, self.count))
 
 
+#: How a pickle names the ``Framed`` class (in every pickle holding one).
+_FRAMED_NAME = Framed.__qualname__.encode()
+
+
 def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> list[Any]:
     """Write ``msg`` with ``write`` (a socket's ``sendall``).
 
@@ -279,9 +283,15 @@ def read_message(
             f"a message declared {total} bytes (limit hybridflow.lane-max-message="
             f"{limits.max_message_bytes})"
         )
-    msg = pickle.loads(_read_fields(stream, body_size))
+    body = _read_fields(stream, body_size)
+    msg = pickle.loads(body)
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
+    if not count and body_size < _JOIN_MAX and _FRAMED_NAME not in body:
+        # No frames, and no Framed value in it (a pickle names the class of every object
+        # it holds; ``body``, this small, is bytes): nothing to match up, and a batch's
+        # replies need no walk.
+        return msg, False
     declared = sum(v.count for v in _framed_values(msg))
     if declared != count:
         raise ProtocolError(f"a message carries {count} frames but its values name {declared}")

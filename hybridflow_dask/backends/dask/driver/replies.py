@@ -1,0 +1,190 @@
+"""What a driver holds until a direct message is answered: a rank's reply, a call's replies.
+
+A blocking call to many ranks is answered rank by rank, and its caller waits for all of
+them at once. ``Replies`` is that call: every rank's outcome in one place, settled under
+one lock (in bulk when a worker process answers for several ranks together), with one
+event for "all in, or one failed". ``RankReply`` is one rank's view of it, the future the
+call path hands out per rank: a few slots, no lock or condition of its own, so a call to
+hundreds of ranks does not build hundreds of ``concurrent.futures.Future``s. The call
+holds no reference to its ranks' futures, so it lives exactly as long as they do.
+
+Other direct messages (a creation, a teardown, a question to a worker) are answered in a
+``ReplyFuture``, a ``concurrent.futures.Future`` that ``asyncio.wrap_future`` and
+``concurrent.futures.wait`` accept.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import threading
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from .lane import Lane, read_replies
+
+__all__ = ["REPLY_KINDS", "RankReply", "Replies", "ReplyFuture", "one_call"]
+
+
+class Replies:
+    """The outcomes of one blocking call's ranks, by index, each settled once."""
+
+    __slots__ = (
+        "__weakref__",
+        "_changed",
+        "_done",
+        "_errors",
+        "_left",
+        "_lock",
+        "_values",
+        "_waiting",
+        "failed",
+        "lanes",
+        "settled",
+    )
+
+    def __init__(self, count: int) -> None:
+        self._left = count
+        self._done = [False] * count
+        self._values: list[Any] = [None] * count
+        self._errors: dict[int, BaseException] = {}
+        self._lock = threading.Lock()
+        #: Told of every settled rank while someone waits for one rank (``wait_part``).
+        self._changed = threading.Condition(self._lock)
+        self._waiting = 0
+        #: Set once every reply is in, or one is a failure.
+        self.settled = threading.Event()
+        self.failed = False
+        #: The lanes that carry every one of its messages, when the caller reads them.
+        self.lanes: tuple[Lane, ...] = ()
+
+    def wait(self, timeout: float) -> bool:
+        """Whether the call settled within ``timeout`` seconds; its caller reads its
+        lanes' replies itself meanwhile, when it can (``read_replies``)."""
+        if self.lanes and not self.settled.is_set():
+            give_up = time.monotonic() + timeout
+            read_replies(self.lanes, self.settled.is_set, timeout)
+            timeout = max(give_up - time.monotonic(), 0.0)
+        return self.settled.wait(timeout)
+
+    def hand_over(self) -> None:
+        """Its replies are waited for elsewhere from now on: the lanes' threads read them."""
+        lanes, self.lanes = self.lanes, ()
+        for lane in lanes:
+            lane.hand_over()
+
+    def settle(self, index: int, value: Any, error: BaseException | None) -> None:
+        """Rank ``index``'s outcome, once: whoever settles it later (a reply after a
+        broken lane was reported, say) changes nothing."""
+        with self._lock:
+            if self._done[index]:
+                return
+            self._done[index] = True
+            if error is None:
+                self._values[index] = value
+            else:
+                self._errors[index] = error
+                self.failed = True
+            self._left -= 1
+            over = self.failed or self._left == 0
+            if self._waiting:
+                self._changed.notify_all()
+        if over:
+            self.settled.set()
+
+    def settle_all(self, outcomes: list[tuple[int, Any]]) -> None:
+        """``settle`` each good ``(index, value)``, under one lock for all of them."""
+        done, values = self._done, self._values
+        with self._lock:
+            for index, value in outcomes:
+                if not done[index]:
+                    done[index] = True
+                    values[index] = value
+                    self._left -= 1
+            over = self.failed or self._left == 0
+            if self._waiting:
+                self._changed.notify_all()
+        if over:
+            self.settled.set()
+
+    def is_done(self, index: int) -> bool:
+        return self._done[index]
+
+    def wait_part(self, index: int, timeout: float | None) -> bool:
+        """Whether rank ``index`` settled within ``timeout`` seconds (the lanes' threads
+        read meanwhile: a caller waiting for one rank reads none itself)."""
+        self.hand_over()
+        with self._lock:
+            self._waiting += 1
+            try:
+                return self._changed.wait_for(lambda: self._done[index], timeout)
+            finally:
+                self._waiting -= 1
+
+    def all_ok(self) -> bool:
+        """Whether every reply is in and none is a failure."""
+        return self.settled.is_set() and not self.failed
+
+
+class RankReply:
+    """One rank's part of a blocking call: a future of its value, settled by its call."""
+
+    __slots__ = ("index", "key", "replies")
+
+    def __init__(self, key: str, replies: Replies, index: int) -> None:
+        self.key, self.replies, self.index = key, replies, index
+
+    def done(self) -> bool:
+        return self.replies._done[self.index]
+
+    def result(self, timeout: float | None = None) -> Any:
+        error = self.exception(timeout)
+        if error is not None:
+            raise error
+        return self.replies._values[self.index]
+
+    def exception(self, timeout: float | None = None) -> BaseException | None:
+        replies = self.replies
+        if not replies._done[self.index] and not replies.wait_part(self.index, timeout):
+            raise TimeoutError(f"{self.key} is not settled after {timeout}s")
+        return replies._errors.get(self.index) if replies.failed else None
+
+    def set_result(self, value: Any) -> None:
+        self.replies.settle(self.index, value, None)
+
+    def set_exception(self, error: BaseException) -> None:
+        self.replies.settle(self.index, None, error)
+
+    @property
+    def status(self) -> str:
+        if not self.done():
+            return "pending"
+        return "error" if self.exception() is not None else "finished"
+
+
+def one_call(futures: Sequence[Any]) -> Replies | None:
+    """The blocking call whose replies ``futures`` all are (all its ranks, or some), if any."""
+    first = futures[0] if futures else None
+    replies = first.replies if type(first) is RankReply else None
+    if replies is not None and all(type(f) is RankReply and f.replies is replies for f in futures):
+        return replies
+    return None
+
+
+class ReplyFuture(concurrent.futures.Future):
+    """The outcome of a direct message that is not a blocking call's rank (a creation, a
+    teardown, a question), never held by the scheduler."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__()
+        self.key = key
+
+    @property
+    def status(self) -> str:
+        if not self.done():
+            return "pending"
+        return "error" if self.exception() is not None else "finished"
+
+
+#: What a direct message's caller holds until its reply: either kind.
+REPLY_KINDS = (ReplyFuture, RankReply)

@@ -1,0 +1,139 @@
+"""A blocking call's replies in the driver: each rank settled once, the call settled when
+all are in (or at its first failure), its ranks tracked and forgotten together.
+
+These exercise the driver's own objects directly (``Replies``, ``RankReply``,
+``Liveness``), with real threads; the calls they stand for are exercised end to end in
+``test_group_calls.py``, ``test_failures.py`` and ``test_stopped_workers.py``.
+"""
+
+from __future__ import annotations
+
+import gc
+import socket
+import threading
+import time
+
+import pytest
+
+from hybridflow_dask.backends.base import InstanceRef, Slot
+from hybridflow_dask.backends.dask.driver.call_path import RankCall
+from hybridflow_dask.backends.dask.driver.liveness import Liveness
+from hybridflow_dask.backends.dask.driver.replies import RankReply, Replies, one_call
+from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, write_message
+from hybridflow_dask.errors import ProtocolError
+
+
+def _call(count: int) -> tuple[Replies, list[RankReply]]:
+    replies = Replies(count)
+    return replies, [RankReply(f"g.step-{i}", replies, i) for i in range(count)]
+
+
+def test_a_rank_is_settled_once_and_a_later_outcome_changes_nothing():
+    replies, (first, second) = _call(2)
+    first.set_result("value")
+    first.set_exception(RuntimeError("a late report of a broken lane"))
+    assert first.done() and first.result() == "value" and first.exception() is None
+    assert first.status == "finished" and second.status == "pending"
+    assert not replies.settled.is_set()  # one of two is in
+    second.set_result(None)
+    assert replies.settled.is_set() and replies.all_ok()
+
+
+def test_a_call_is_settled_at_its_first_failure_with_the_rest_still_pending():
+    replies, ranks = _call(3)
+    ranks[0].set_result(1)
+    ranks[2].set_exception(ValueError("rank 2 failed"))
+    assert replies.settled.is_set() and not replies.all_ok()
+    assert ranks[2].status == "error" and isinstance(ranks[2].exception(), ValueError)
+    with pytest.raises(ValueError, match="rank 2 failed"):
+        ranks[2].result()
+    assert ranks[0].result() == 1 and ranks[0].exception() is None  # its own outcome
+    assert not ranks[1].done()
+
+
+def test_settling_ranks_in_bulk_counts_each_once_and_keeps_a_failure_already_in():
+    replies, ranks = _call(4)
+    ranks[1].set_result("first")
+    replies.settle_all([(0, "a"), (1, "again"), (2, "c")])
+    assert [r.done() for r in ranks] == [True, True, True, False]
+    assert ranks[1].result() == "first"  # settled before: unchanged
+    assert not replies.settled.is_set()
+    replies.settle_all([(3, "d")])
+    assert replies.all_ok() and [r.result() for r in ranks] == ["a", "first", "c", "d"]
+
+
+def test_waiting_for_one_rank_returns_once_another_thread_settles_it():
+    replies, (waited, other) = _call(2)
+    threading.Timer(0.2, waited.set_result, ("late",)).start()
+    start = time.monotonic()
+    assert waited.result(timeout=10) == "late"
+    assert 0.15 < time.monotonic() - start < 5
+    assert not other.done() and not replies.settled.is_set()
+
+
+def test_waiting_for_a_rank_that_never_answers_ends_at_its_timeout():
+    _, (rank,) = _call(1)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="not settled"):
+        rank.result(timeout=0.2)
+    assert time.monotonic() - start < 5
+
+
+def test_one_call_names_the_call_only_when_every_future_is_one_of_its_ranks():
+    replies, ranks = _call(3)
+    _, (stranger,) = _call(1)
+    assert one_call(ranks) is replies and one_call(ranks[1:]) is replies
+    assert one_call([*ranks, stranger]) is None and one_call([]) is None
+    assert one_call([object()]) is None
+
+
+def _refs(count: int) -> list[InstanceRef]:
+    slot = Slot(0, "tcp://10.0.0.1:1", "10.0.0.1", worker_id="worker-a")
+    return [InstanceRef("g", rank, slot) for rank in range(count)]
+
+
+def test_a_blocking_calls_ranks_are_forgotten_together_once_the_call_is_dropped():
+    live = Liveness()
+    refs = _refs(3)
+    replies, ranks = _call(3)
+    calls = [RankCall(ref, 1, (), {}) for ref in refs]
+    live.track_calls(ranks, calls, deadline=123.0)
+    assert live.placed(ranks[2].key) == (refs[2].slot, refs[2])
+    assert live.issued(ranks[1]) == (refs[1], 1)
+    assert live.deadline(ranks) == 123.0
+    keys = [r.key for r in ranks]
+    del replies, ranks
+    gc.collect()  # (no cycle holds them: freed at once; collect only makes sure)
+    assert all(live.placed(key) is None for key in keys)
+    assert not live._tasks and not live._calls and not live._refs
+
+
+def test_a_dead_worker_reports_only_the_ranks_of_a_call_that_were_still_pending():
+    live = Liveness()
+    refs = _refs(3)
+    live.seen(refs[0].slot.address, "worker-a")
+    _, ranks = _call(3)
+    live.track_calls(ranks, [RankCall(ref, 1, (), {}) for ref in refs], deadline=None)
+    ranks[0].set_result(None)
+    assert live.on_worker_removed({"worker": refs[0].slot.address}) == refs[0].slot.address
+    assert sorted(ref.rank for ref, _ in live.pending_with(refs[0].slot.address)) == [1, 2]
+    assert {method for _, method in live.pending_with(refs[0].slot.address)} == {"step"}
+    assert live.stranded() == []  # a blocking call's ranks fail through their messages
+    assert str(live.lost(ranks[1])).startswith("the Dask worker tcp://10.0.0.1:1")
+
+
+def test_a_message_naming_frames_it_does_not_carry_is_refused():
+    """A frameless message is read without walking its values, unless its pickle could
+    hold a ``Framed`` value: one that names frames it does not carry is still refused."""
+    sender, receiver = socket.socketpair()
+    stream = receiver.makefile("rb", buffering=1 << 16)
+    plain = {"op": "calls", "replies": [{"status": "OK", "result": None}] * 4}
+    try:
+        write_message(sender.sendall, plain)
+        write_message(sender.sendall, {"op": "calls", "result": Framed({}, 1)})
+        assert read_message(stream) == (plain, False)
+        with pytest.raises(ProtocolError, match="carries 0 frames but its values name 1"):
+            read_message(stream)
+    finally:
+        sender.close()
+        receiver.close()
