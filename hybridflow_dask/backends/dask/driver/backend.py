@@ -464,8 +464,7 @@ class DaskBackend:
         worker is remembered, so a wait on it fails at once if that worker (or an input's)
         dies. The path sends each worker process its ranks' parts together."""
         self._check_open()
-        for ref in refs:
-            self._live.check(ref.slot, ref)
+        self._live.check_all(refs)
         seqs = self._next_seqs(refs)
         # ranks given the very same arguments share one view of them
         view_args, view_kwargs = _ForWorker(), _ForWorker()

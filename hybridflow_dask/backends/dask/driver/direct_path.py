@@ -48,7 +48,7 @@ from ..internals import (
     pending_future,
     wait_future,
 )
-from ..wire.keys import InputKey, swap_inputs, task_key
+from ..wire.keys import InputKey, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import Framed, LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
@@ -188,8 +188,9 @@ class DirectPath:
         which writes every message posted in one turn of the loop at once."""
         shared = _Shared()  # every rank's message is made before any is sent
         replies = Replies(len(calls)) if blocking else None
+        keys = task_keys(label, len(calls))
         messages = [
-            self._message(c, i, method, label, deadline, shared, replies)
+            self._message(c, i, keys[i], method, label, deadline, shared, replies)
             for i, c in enumerate(calls)
         ]
         batches: dict[Lane, list[_Message]] = {}
@@ -241,6 +242,7 @@ class DirectPath:
         self,
         call: RankCall,
         index: int,
+        key: str,
         method: str,
         label: str,
         deadline: float | None,
@@ -252,7 +254,7 @@ class DirectPath:
         (``replies``: its ranks' replies) is answered in a ``RankReply`` (the rank's
         ``index`` among them)."""
         blocking = replies is not None
-        ref, key = call.ref, task_key(label)
+        ref = call.ref
         made = shared.get(call.args, call.kwargs)
         if made is None:
             args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
@@ -791,7 +793,9 @@ class _Shared:
     def get(self, args: tuple, kwargs: dict) -> Any:
         if self.args is None or self.kwargs is None:
             return None
-        if same_objects(args, self.args) and same_objects(kwargs, self.kwargs):
+        if (args is self.args or same_objects(args, self.args)) and (
+            kwargs is self.kwargs or same_objects(kwargs, self.kwargs)
+        ):
             return self.made
         return None
 

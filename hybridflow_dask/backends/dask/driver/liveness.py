@@ -94,9 +94,7 @@ class Liveness:
         inputs: list[Future] = []
         last: RankCall | None = None
         for future, call in zip(futures, calls):
-            if last is None or not (
-                same_objects(call.args, last.args) and same_objects(call.kwargs, last.kwargs)
-            ):
+            if last is None or not _same_arguments(call, last):
                 inputs, last = futures_in((call.args, call.kwargs)), call
             key, slot = future.key, call.ref.slot
             tasks[key] = (slot, call.ref, self._needs(slot, inputs))
@@ -110,9 +108,7 @@ class Liveness:
         inputs: list[Future] = []
         last: RankCall | None = None
         for future, call in zip(futures, calls):
-            if last is None or not (
-                same_objects(call.args, last.args) and same_objects(call.kwargs, last.kwargs)
-            ):
+            if last is None or not _same_arguments(call, last):
                 inputs, last = futures_in((call.args, call.kwargs)), call
             self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
 
@@ -157,8 +153,11 @@ class Liveness:
         return fut if fut is not None and not fut.done() else None
 
     def _forgotten_all(self, keys: list[str], _: Any) -> None:
+        tasks, calls, refs = self._tasks, self._calls, self._refs
         for key in keys:
-            self._forget(key)
+            tasks.pop(key, None)
+            calls.pop(key, None)
+            refs.pop(key, None)
 
     def _forgotten(self, key: str, _: Any) -> None:
         self._forget(key)
@@ -258,6 +257,12 @@ class Liveness:
     def check(self, slot: Slot, ref: InstanceRef | None) -> None:
         if self.is_dead(slot):
             raise self.error(slot, ref)
+
+    def check_all(self, refs: Sequence[InstanceRef]) -> None:
+        """``check`` each of ``refs`` (nothing to look at while no worker died)."""
+        if self._dead:
+            for ref in refs:
+                self.check(ref.slot, ref)
 
     def raise_if_lost(self, futures: Sequence[Any]) -> None:
         """Fail a wait whose task, or any input it depends on, lived on a dead worker."""
@@ -389,6 +394,13 @@ def futures_in(values: Any, depth: int = 2) -> list[Future]:
         elif depth and isinstance(value, (tuple, list, dict)):
             found.extend(futures_in(value, depth - 1))
     return found
+
+
+def _same_arguments(call: RankCall, other: RankCall) -> bool:
+    """Whether two ranks' parts of a call hold the very same argument objects."""
+    return (call.args is other.args or same_objects(call.args, other.args)) and (
+        call.kwargs is other.kwargs or same_objects(call.kwargs, other.kwargs)
+    )
 
 
 def _label(fut: Future) -> str:

@@ -64,6 +64,13 @@ def task_key(label: str) -> str:
     return f"{label.replace('-', '_')}-{_key_ids.next()}"
 
 
+def task_keys(label: str, count: int) -> list[str]:
+    """``count`` keys as ``task_key(label)`` makes them, at once (a call to many ranks)."""
+    head = f"{label.replace('-', '_')}-{_key_ids.prefix()}"
+    counter = _key_ids.counter
+    return [f"{head}{next(counter):012x}" for _ in range(count)]
+
+
 class _KeyIds:
     """32 hex digits per key: a random per-process prefix and a counter.
 
@@ -76,12 +83,15 @@ class _KeyIds:
     def __init__(self) -> None:
         self._pid = -1
         self._prefix = ""
-        self._counter = itertools.count()
+        self.counter = itertools.count()
 
-    def next(self) -> str:
+    def prefix(self) -> str:
         if self._pid != os.getpid():
             self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
-        return f"{self._prefix}{next(self._counter):012x}"
+        return self._prefix
+
+    def next(self) -> str:
+        return f"{self.prefix()}{next(self.counter):012x}"
 
 
 _key_ids = _KeyIds()
