@@ -45,6 +45,10 @@ class Light(hf.Worker):
             time.sleep(seconds)
         return self.rank
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def plain_or_tensor(self):
+        return self.rank if self.rank % 3 else torch.full((2,), float(self.rank))
+
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: hf.DataProto) -> hf.DataProto:
         return hf.DataProto.from_dict(
@@ -96,6 +100,23 @@ def test_one_ranks_error_in_a_batch_names_that_rank_and_keeps_its_type(light_gro
         light_group.fail_on(5)
     assert caught.value.hybridflow_origin == (light_group.name_prefix, "fail_on", 5)
     assert light_group.fail_on(-1) == list(range(8))  # every rank goes on
+
+
+def test_plain_and_serialized_results_of_one_batch_each_reach_their_rank(light_group):
+    """A batch whose results are all plain comes back as bare values; one with a tensor
+    among them, rank by rank: either way each rank's own result, in rank order."""
+    assert light_group.fail_on(-1) == list(range(8))  # all plain
+    mixed = light_group.plain_or_tensor()
+    assert [r.tolist() if isinstance(r, torch.Tensor) else r for r in mixed] == [
+        [0.0, 0.0],
+        1,
+        2,
+        [3.0, 3.0],
+        4,
+        5,
+        [6.0, 6.0],
+        7,
+    ]
 
 
 def test_different_arguments_per_rank_in_one_batch_reach_their_ranks(light_group):

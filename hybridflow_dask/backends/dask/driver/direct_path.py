@@ -521,6 +521,12 @@ class DirectPath:
 
     def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
         if isinstance(message, _Batch):  # one reply per rank, in the batch's order
+            parts = message.parts
+            results = reply.get("results")  # every rank's plain value, nothing else
+            if type(results) is list and len(results) == len(parts) and reply.get("status") == "OK":
+                outcomes = [(part.future.index, value) for part, value in zip(parts, results)]
+                parts[0].future.replies.settle_all(outcomes)
+                return
             replies = reply.get("replies")
             if not isinstance(replies, list) or len(replies) != len(message.parts):
                 replies = [reply] * len(message.parts)  # the batch as a whole failed

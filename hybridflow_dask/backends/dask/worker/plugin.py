@@ -27,12 +27,13 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from distributed.comm import CommClosedError
 from distributed.core import Status
 from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
+from distributed.protocol.serialize import Serialized
 
 from ....protocol.lazy_tensordict import import_now, imported
 from ...base import InstanceRef
@@ -334,19 +335,30 @@ class InstancesPlugin(WorkerPlugin):
         parts = msg["calls"]
         outcomes: list[dict | None] = [None] * len(parts)
         left = [len(parts)]
+        # Whether every part returned a plain value: then the reply is just the values
+        # (no dict per rank to write, read and walk on the way).
+        all_plain = [True]
         lock = threading.Lock()
 
         def answered(index: int, done: concurrent.futures.Future) -> None:
             error = done.exception()
-            outcomes[index] = (
-                {"status": "OK", "result": done.result()}
-                if error is None
-                else {"status": "error", "exception": error}
-            )
+            if error is None:
+                value = done.result()
+                outcomes[index] = {"status": "OK", "result": value}
+                if isinstance(value, Serialized):
+                    all_plain[0] = False
+            else:
+                outcomes[index] = {"status": "error", "exception": error}
+                all_plain[0] = False
             with lock:
                 left[0] -= 1
                 last = left[0] == 0
-            if last:
+            if not last:
+                return
+            if all_plain[0]:
+                results = [cast(dict, outcome)["result"] for outcome in outcomes]
+                reply({"id": msg["id"], "status": "OK", "results": results})
+            else:
                 reply({"id": msg["id"], "status": "OK", "replies": outcomes})
 
         for index, part in enumerate(parts):
