@@ -17,6 +17,7 @@ import pytest
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
 from hybridflow_dask.backends.dask.driver.call_path import RankCall
+from hybridflow_dask.backends.dask.driver.gather import wait_some
 from hybridflow_dask.backends.dask.driver.liveness import Liveness
 from hybridflow_dask.backends.dask.driver.replies import RankReply, Replies, one_call
 from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, write_message
@@ -77,6 +78,30 @@ def test_waiting_for_a_rank_that_never_answers_ends_at_its_timeout():
     with pytest.raises(TimeoutError, match="not settled"):
         rank.result(timeout=0.2)
     assert time.monotonic() - start < 5
+
+
+def test_a_wait_for_a_calls_earlier_ranks_after_a_later_one_failed_sleeps_until_they_settle():
+    """The first failure in rank order waits for the ranks before it: that wait sleeps
+    (it does not return at once, over and over, because the call as a whole failed)."""
+    _, ranks = _call(3)
+    ranks[2].set_exception(ValueError("rank 2 failed"))
+    start, cpu = time.monotonic(), time.thread_time()
+    wait_some(None, ranks[:2], 0.3)
+    assert time.monotonic() - start >= 0.25  # it waited out its timeout...
+    assert time.thread_time() - cpu < 0.1  # ...asleep
+    threading.Timer(0.1, lambda: [r.set_result(r.index) for r in ranks[:2]]).start()
+    start = time.monotonic()
+    wait_some(None, ranks[:2], 10)
+    assert time.monotonic() - start < 5 and [r.result() for r in ranks[:2]] == [0, 1]
+
+
+def test_a_wait_for_some_ranks_ends_as_soon_as_one_of_them_fails():
+    _, ranks = _call(3)
+    threading.Timer(0.1, ranks[1].set_exception, (KeyError("rank 1"),)).start()
+    start = time.monotonic()
+    wait_some(None, ranks, 10)
+    assert time.monotonic() - start < 5
+    assert isinstance(ranks[1].exception(), KeyError) and not ranks[0].done()
 
 
 def test_one_call_names_the_call_only_when_every_future_is_one_of_its_ranks():

@@ -139,4 +139,15 @@ def test_a_failing_rank_ends_the_wait_early_but_earlier_ranks_are_still_waited_f
     with pytest.raises(KeyError, match="rank 5 fails"):
         light_group.fail_or_sleep(5, 1, 1.0)
     assert time.monotonic() - start >= 1.0  # rank 1 (before it in rank order) finished first
+
+
+def test_the_driver_sleeps_while_it_waits_for_ranks_before_a_failed_one(light_group):
+    """Rank 4 (the second process's first) fails at once, rank 1 takes 1.5 s: the
+    driver waits for rank 1 without spinning on the call that already failed."""
+    light_group.fail_on(-1)
+    start, cpu = time.monotonic(), time.process_time()
+    with pytest.raises(KeyError, match="rank 4 fails"):
+        light_group.fail_or_sleep(4, 1, 1.5)
+    assert time.monotonic() - start >= 1.5
+    assert time.process_time() - cpu < 0.75  # (a busy wait would spend the 1.5 s)
     assert light_group.fail_on(-1) == list(range(8))  # and the group goes on

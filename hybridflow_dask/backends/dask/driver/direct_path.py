@@ -253,7 +253,6 @@ class DirectPath:
         given the very same argument objects share one packing of them. A blocking call
         (``replies``: its ranks' replies) is answered in a ``RankReply`` (the rank's
         ``index`` among them)."""
-        blocking = replies is not None
         ref = call.ref
         made = shared.get(call.args, call.kwargs)
         if made is None:
@@ -266,7 +265,7 @@ class DirectPath:
                     pack(args, f"the arguments of {label} for rank {ref.rank}"),
                     pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}"),
                 )
-                if not blocking:  # sent after this returns: the caller may change them meanwhile
+                if replies is None:  # sent after this returns: the caller may change them meanwhile
                     packed = (own_frames(packed[0]), own_frames(packed[1]))
             made = shared.keep(call.args, call.kwargs, (packed, inputs, known))
         (packed_args, packed_kwargs), inputs, known = made
@@ -287,7 +286,7 @@ class DirectPath:
             "args": packed_args,
             "kwargs": packed_kwargs,
             "key": key,
-            "keep": not blocking,
+            "keep": replies is None,
             "client": self.client.id,
             "share": self._share,
             "deadline": deadline,
@@ -522,6 +521,7 @@ class DirectPath:
     def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
         if isinstance(message, _Batch):  # one reply per rank, in the batch's order
             parts = message.parts
+            # (a batch is one blocking call's parts: each part's future is a RankReply)
             results = reply.get("results")  # every rank's plain value, nothing else
             if type(results) is list and len(results) == len(parts) and reply.get("status") == "OK":
                 outcomes = [(part.future.index, value) for part, value in zip(parts, results)]
@@ -533,14 +533,9 @@ class DirectPath:
             plain: list[tuple[int, Any]] = []  # good and ready as they came: in bulk
             others = []
             for part, answer in zip(message.parts, replies):
-                future = part.future
                 value = answer.get("result")
-                if (
-                    type(future) is RankReply
-                    and answer.get("status") == "OK"
-                    and type(value) is not Framed
-                ):
-                    plain.append((future.index, value))
+                if answer.get("status") == "OK" and type(value) is not Framed:
+                    plain.append((part.future.index, value))
                 else:
                     others.append((part, answer))
             if plain:  # (all of one call: a batch is one call's parts in one process)

@@ -2,11 +2,10 @@
 
 One flow for every kind of future the backend hands out (a ``distributed.Future`` kept on
 a worker, a ``RankReply`` of a blocking call's rank, a ``ReplyFuture`` of an instance's
-creation): the first failure in rank order is
-raised once the ones before it are done, a lost worker fails the wait at once, a call's
-deadline (``hybridflow.call-timeout`` when it was made) ends the wait with
-``CallTimeoutError``, and finished results are fetched on the call path's lanes where it
-has them, through Dask's gather otherwise.
+creation): the first failure in rank order is raised once the ones before it are done, a
+lost worker fails the wait at once, a call's deadline (``hybridflow.call-timeout`` when it
+was made) ends the wait with ``CallTimeoutError``, and finished results are fetched on the
+call path's lanes where it has them, through Dask's gather otherwise.
 """
 
 from __future__ import annotations
@@ -28,7 +27,7 @@ from ..internals import future_state, wait_all
 from .call_path import CallPath
 from .direct_path import DEATH_WAIT_S
 from .liveness import Liveness
-from .replies import REPLY_KINDS, RankReply, ReplyFuture, one_call
+from .replies import REPLY_KINDS, RankReply, Replies, ReplyFuture, one_call
 from .timeouts import timed_out
 
 __all__ = ["Gathering", "wait_some"]
@@ -186,37 +185,42 @@ def _is_pending(obj: Any) -> bool:
 
 
 def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
-    """Wait up to ``timeout`` for Dask futures and reply futures alike."""
+    """Wait up to ``timeout`` for Dask futures and reply futures alike, until all are
+    done or one failed. The ranks of one blocking call are waited for together (one
+    wake-up, not one per rank), and the caller reads their lanes itself while none of
+    that call's ranks failed."""
     if not futures:
         return
     deadline = time.monotonic() + timeout
     remote = [f for f in futures if isinstance(f, Future)]
-    replies = [f for f in futures if isinstance(f, REPLY_KINDS)]
-    calls = {f.replies for f in replies if type(f) is RankReply}
+    ranks: dict[Replies, list[int]] = {}  # each blocking call's ranks among ``futures``
+    others: list[ReplyFuture] = []
+    for f in futures:
+        if type(f) is RankReply:
+            ranks.setdefault(f.replies, []).append(f.index)
+        elif isinstance(f, ReplyFuture):
+            others.append(f)
     call = one_call(futures)  # one call's ranks only, none failed yet: it reads its lanes
     if call is not None and call.settled.is_set():
         call = None
     if call is None:  # this thread reads no lane while it waits here: their threads do
-        for replied in calls:
+        for replied in ranks:
             replied.hand_over()
     if remote:
         client.sync(wait_all, remote, timeout)
-    left = deadline - time.monotonic()
-    if not replies or left <= 0:
+    if not (ranks or others) or time.monotonic() >= deadline:
         return
     if call is not None:
-        call.wait(left)
+        call.wait(deadline - time.monotonic())
         return
-    # one wake-up per call when all its ranks are done (or one failed), not one per rank
-    for replied in calls:
-        if replied.failed:
+    if any(f.done() and f.exception() is not None for f in others):
+        return
+    for replied, indices in ranks.items():
+        left = deadline - time.monotonic()
+        if left <= 0 or not replied.wait_parts(indices, left):
             return
-    for replied in calls:
-        if not replied.settled.wait(max(deadline - time.monotonic(), 0.0)):
+        if any(replied.error(i) is not None for i in indices):
             return
-        if replied.failed:
-            return
-    others = [f for f in replies if type(f) is ReplyFuture]
     if others:
         concurrent.futures.wait(
             others,

@@ -103,7 +103,7 @@ class Liveness:
             keys.append(key)
 
     def _track_each(
-        self, futures: Sequence[Future], calls: Sequence[RankCall], deadline: float | None
+        self, futures: Sequence[Any], calls: Sequence[RankCall], deadline: float | None
     ) -> None:
         inputs: list[Future] = []
         last: RankCall | None = None

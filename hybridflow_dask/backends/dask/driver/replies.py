@@ -79,12 +79,12 @@ class Replies:
         with self._lock:
             if self._done[index]:
                 return
-            self._done[index] = True
             if error is None:
                 self._values[index] = value
             else:
                 self._errors[index] = error
                 self.failed = True
+            self._done[index] = True  # last: a reader without the lock sees it all
             self._left -= 1
             over = self.failed or self._left == 0
             if self._waiting:
@@ -98,8 +98,8 @@ class Replies:
         with self._lock:
             for index, value in outcomes:
                 if not done[index]:
-                    done[index] = True
                     values[index] = value
+                    done[index] = True
                     self._left -= 1
             over = self.failed or self._left == 0
             if self._waiting:
@@ -110,14 +110,26 @@ class Replies:
     def is_done(self, index: int) -> bool:
         return self._done[index]
 
-    def wait_part(self, index: int, timeout: float | None) -> bool:
-        """Whether rank ``index`` settled within ``timeout`` seconds (the lanes' threads
-        read meanwhile: a caller waiting for one rank reads none itself)."""
+    def value(self, index: int) -> Any:
+        return self._values[index]
+
+    def error(self, index: int) -> BaseException | None:
+        return self._errors.get(index) if self.failed else None
+
+    def wait_parts(self, indices: Sequence[int], timeout: float | None) -> bool:
+        """Whether the ranks ``indices`` all settled, or one of them failed, within
+        ``timeout`` seconds (as ``concurrent.futures.wait`` with ``FIRST_EXCEPTION``).
+        The lanes' threads read meanwhile: a caller waiting for some ranks reads none."""
         self.hand_over()
+        done, errors = self._done, self._errors
+
+        def over() -> bool:
+            return all(done[i] for i in indices) or any(i in errors for i in indices)
+
         with self._lock:
             self._waiting += 1
             try:
-                return self._changed.wait_for(lambda: self._done[index], timeout)
+                return self._changed.wait_for(over, timeout)
             finally:
                 self._waiting -= 1
 
@@ -135,19 +147,19 @@ class RankReply:
         self.key, self.replies, self.index = key, replies, index
 
     def done(self) -> bool:
-        return self.replies._done[self.index]
+        return self.replies.is_done(self.index)
 
     def result(self, timeout: float | None = None) -> Any:
         error = self.exception(timeout)
         if error is not None:
             raise error
-        return self.replies._values[self.index]
+        return self.replies.value(self.index)
 
     def exception(self, timeout: float | None = None) -> BaseException | None:
-        replies = self.replies
-        if not replies._done[self.index] and not replies.wait_part(self.index, timeout):
-            raise TimeoutError(f"{self.key} is not settled after {timeout}s")
-        return replies._errors.get(self.index) if replies.failed else None
+        replies, index = self.replies, self.index
+        if not replies.is_done(index) and not replies.wait_parts((index,), timeout):
+            raise concurrent.futures.TimeoutError(f"{self.key} is not settled after {timeout}s")
+        return replies.error(index)
 
     def set_result(self, value: Any) -> None:
         self.replies.settle(self.index, value, None)

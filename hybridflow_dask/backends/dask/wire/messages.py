@@ -289,8 +289,8 @@ def read_message(
         raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
     if not count and body_size < _JOIN_MAX and _FRAMED_NAME not in body:
         # No frames, and no Framed value in it (a pickle names the class of every object
-        # it holds; ``body``, this small, is bytes): nothing to match up, and a batch's
-        # replies need no walk.
+        # it holds; ``body``, this small, is bytes or a bytearray): nothing to match up,
+        # and a batch's replies need no walk.
         return msg, False
     declared = sum(v.count for v in _framed_values(msg))
     if declared != count:

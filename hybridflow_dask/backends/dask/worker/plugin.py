@@ -337,25 +337,26 @@ class InstancesPlugin(WorkerPlugin):
         left = [len(parts)]
         # Whether every part returned a plain value: then the reply is just the values
         # (no dict per rank to write, read and walk on the way).
-        all_plain = [True]
+        all_plain = True
         lock = threading.Lock()
 
         def answered(index: int, done: concurrent.futures.Future) -> None:
+            nonlocal all_plain
             error = done.exception()
             if error is None:
                 value = done.result()
                 outcomes[index] = {"status": "OK", "result": value}
                 if isinstance(value, Serialized):
-                    all_plain[0] = False
+                    all_plain = False
             else:
                 outcomes[index] = {"status": "error", "exception": error}
-                all_plain[0] = False
+                all_plain = False
             with lock:
                 left[0] -= 1
                 last = left[0] == 0
             if not last:
                 return
-            if all_plain[0]:
+            if all_plain:
                 results = [cast(dict, outcome)["result"] for outcome in outcomes]
                 reply({"id": msg["id"], "status": "OK", "results": results})
             else:
