@@ -86,9 +86,7 @@ class Replies:
                 self.failed = True
             self._done[index] = True  # last: a reader without the lock sees it all
             self._left -= 1
-            over = self.failed or self._left == 0
-            if self._waiting:
-                self._changed.notify_all()
+            over = self._told()
         if over:
             self.settled.set()
 
@@ -101,11 +99,16 @@ class Replies:
                     values[index] = value
                     done[index] = True
                     self._left -= 1
-            over = self.failed or self._left == 0
-            if self._waiting:
-                self._changed.notify_all()
+            over = self._told()
         if over:
             self.settled.set()
+
+    def _told(self) -> bool:
+        """(Lock held, ranks just settled.) Wake whoever waits for some ranks; whether
+        the call is over now."""
+        if self._waiting:
+            self._changed.notify_all()
+        return self.failed or self._left == 0
 
     def is_done(self, index: int) -> bool:
         return self._done[index]
