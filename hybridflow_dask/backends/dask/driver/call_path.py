@@ -24,7 +24,7 @@ from distributed import Future
 
 from ...base import InstanceRef, Slot
 
-__all__ = ["CallPath", "RankCall", "same_objects"]
+__all__ = ["CallPath", "RankCall", "same_arguments", "same_objects"]
 
 
 class RankCall(NamedTuple):
@@ -44,6 +44,14 @@ def same_objects(a: tuple | dict, b: tuple | dict) -> bool:
     if type(a) is dict:
         return type(b) is dict and a.keys() == b.keys() and all(a[k] is b[k] for k in a)
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def same_arguments(args: tuple, kwargs: dict, other_args: tuple, other_kwargs: dict) -> bool:
+    """``same_objects`` for both a rank's arguments and keyword arguments, without a
+    call per rank when they are the very same tuple and dict (``ONE_TO_ALL``'s)."""
+    return (args is other_args or same_objects(args, other_args)) and (
+        kwargs is other_kwargs or same_objects(kwargs, other_kwargs)
+    )
 
 
 class CallPath(Protocol):

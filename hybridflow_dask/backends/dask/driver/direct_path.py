@@ -50,9 +50,9 @@ from ..internals import (
 )
 from ..wire.keys import InputKey, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
-from ..wire.messages import Framed, LaneLimits, pack, plain_call, unpack
+from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
-from .call_path import RankCall, same_objects
+from .call_path import RankCall, same_arguments
 from .channel import Channel
 from .lane import Lane
 from .liveness import Liveness, futures_in
@@ -527,20 +527,10 @@ class DirectPath:
                 outcomes = [(part.future.index, value) for part, value in zip(parts, results)]
                 parts[0].future.replies.settle_all(outcomes)
                 return
-            replies = reply.get("replies")
-            if not isinstance(replies, list) or len(replies) != len(message.parts):
-                replies = [reply] * len(message.parts)  # the batch as a whole failed
-            plain: list[tuple[int, Any]] = []  # good and ready as they came: in bulk
-            others = []
-            for part, answer in zip(message.parts, replies):
-                value = answer.get("result")
-                if answer.get("status") == "OK" and type(value) is not Framed:
-                    plain.append((part.future.index, value))
-                else:
-                    others.append((part, answer))
-            if plain:  # (all of one call: a batch is one call's parts in one process)
-                message.parts[0].future.replies.settle_all(plain)
-            for part, answer in others:  # (after: a failure wakes the caller at once)
+            replies = reply.get("replies")  # a failure or a serialized value among them
+            if not isinstance(replies, list) or len(replies) != len(parts):
+                replies = [reply] * len(parts)  # the batch as a whole failed
+            for part, answer in zip(parts, replies):
                 self._lane_reply(part, answer)
             return
         error = _reply_error(reply)
@@ -794,9 +784,7 @@ class _Shared:
     def get(self, args: tuple, kwargs: dict) -> Any:
         if self.args is None or self.kwargs is None:
             return None
-        if (args is self.args or same_objects(args, self.args)) and (
-            kwargs is self.kwargs or same_objects(kwargs, self.kwargs)
-        ):
+        if same_arguments(args, kwargs, self.args, self.kwargs):
             return self.made
         return None
 

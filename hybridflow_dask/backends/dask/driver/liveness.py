@@ -21,7 +21,7 @@ from typing import Any
 from distributed import Future
 
 from ...base import InstanceRef, Slot, WorkerLostError, WorkerUnreachableError
-from .call_path import RankCall, same_objects
+from .call_path import RankCall, same_arguments
 from .replies import one_call
 
 __all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error", "unreachable_error"]
@@ -84,33 +84,26 @@ class Liveness:
         objects (``ONE_TO_ALL``) are searched for input futures once. The ranks of one
         blocking call (``RankReply``s of one ``Replies``) are forgotten together, when
         the call is: one weak reference for the call, not one per rank."""
-        together = one_call(futures)
-        if together is None or len(futures) != len(calls):
-            self._track_each(futures, calls, deadline)
-            return
+        together = one_call(futures) if len(futures) == len(calls) else None
         keys: list[str] = []
-        call_ref = weakref.ref(together, functools.partial(self._forgotten_all, keys))
-        tasks, numbers, refs = self._tasks, self._calls, self._refs
+        call_ref = (
+            None
+            if together is None
+            else weakref.ref(together, functools.partial(self._forgotten_all, keys))
+        )
         inputs: list[Future] = []
         last: RankCall | None = None
         for future, call in zip(futures, calls):
-            if last is None or not _same_arguments(call, last):
+            if last is None or not same_arguments(call.args, call.kwargs, last.args, last.kwargs):
                 inputs, last = futures_in((call.args, call.kwargs)), call
+            if call_ref is None:
+                self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
+                continue
             key, slot = future.key, call.ref.slot
-            tasks[key] = (slot, call.ref, self._needs(slot, inputs))
-            numbers[key] = (call.seq, deadline)
-            refs[key] = (call_ref, future.index)
+            self._tasks[key] = (slot, call.ref, self._needs(slot, inputs))
+            self._calls[key] = (call.seq, deadline)
+            self._refs[key] = (call_ref, future.index)
             keys.append(key)
-
-    def _track_each(
-        self, futures: Sequence[Any], calls: Sequence[RankCall], deadline: float | None
-    ) -> None:
-        inputs: list[Future] = []
-        last: RankCall | None = None
-        for future, call in zip(futures, calls):
-            if last is None or not _same_arguments(call, last):
-                inputs, last = futures_in((call.args, call.kwargs)), call
-            self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
 
     def _track(
         self,
@@ -142,15 +135,19 @@ class Liveness:
             slot.worker_id, frozenset((slot.worker_id,))
         )
 
-    def _pending(self, key: str) -> Any:
-        """The tracked future of ``key`` if it is not done yet (a blocking call's rank:
-        ``True``, its future is not kept), else ``None``."""
+    def _is_pending(self, key: str) -> bool:
+        """Whether the call behind ``key`` is tracked and not done yet."""
         ref = self._refs.get(key)
-        if type(ref) is tuple:  # (the call's weak reference, the rank's index)
+        if type(ref) is tuple:  # a blocking call's rank: (its call's weak reference, index)
             call = ref[0]()
-            return True if call is not None and not call.is_done(ref[1]) else None
+            return call is not None and not call.is_done(ref[1])
         fut = ref() if ref is not None else None
-        return fut if fut is not None and not fut.done() else None
+        return fut is not None and not fut.done()
+
+    def _own_future(self, key: str) -> Any:
+        """The future tracked under ``key`` on its own (not a blocking call's rank)."""
+        ref = self._refs.get(key)
+        return ref() if ref is not None and type(ref) is not tuple else None
 
     def _forgotten_all(self, keys: list[str], _: Any) -> None:
         tasks, calls, refs = self._tasks, self._calls, self._refs
@@ -192,7 +189,7 @@ class Liveness:
         for key, (_, ref, needs) in list(self._tasks.items()):
             if ref is None or worker_id not in needs:
                 continue
-            if self._pending(key) is not None:
+            if self._is_pending(key):
                 group = ref.group.replace("-", "_")  # as in task keys
                 found.append((ref, _label_of(key)[len(group) + 1 :]))
         return found
@@ -312,9 +309,9 @@ class Liveness:
         found = []
         for key, (_, _, needs) in list(self._tasks.items()):
             if needs & self._dead:
-                fut = self._pending(key)
                 # (a blocking call's rank is not cancelled: it fails through its message)
-                if fut is not None and fut is not True:
+                fut = self._own_future(key)
+                if fut is not None and not fut.done():
                     found.append(fut)
         return found
 
@@ -394,13 +391,6 @@ def futures_in(values: Any, depth: int = 2) -> list[Future]:
         elif depth and isinstance(value, (tuple, list, dict)):
             found.extend(futures_in(value, depth - 1))
     return found
-
-
-def _same_arguments(call: RankCall, other: RankCall) -> bool:
-    """Whether two ranks' parts of a call hold the very same argument objects."""
-    return (call.args is other.args or same_objects(call.args, other.args)) and (
-        call.kwargs is other.kwargs or same_objects(call.kwargs, other.kwargs)
-    )
 
 
 def _label(fut: Future) -> str:

@@ -335,29 +335,25 @@ class InstancesPlugin(WorkerPlugin):
         parts = msg["calls"]
         outcomes: list[dict | None] = [None] * len(parts)
         left = [len(parts)]
-        # Whether every part returned a plain value: then the reply is just the values
-        # (no dict per rank to write, read and walk on the way).
-        all_plain = True
         lock = threading.Lock()
 
         def answered(index: int, done: concurrent.futures.Future) -> None:
-            nonlocal all_plain
             error = done.exception()
-            if error is None:
-                value = done.result()
-                outcomes[index] = {"status": "OK", "result": value}
-                if isinstance(value, Serialized):
-                    all_plain = False
-            else:
-                outcomes[index] = {"status": "error", "exception": error}
-                all_plain = False
+            outcomes[index] = (
+                {"status": "OK", "result": done.result()}
+                if error is None
+                else {"status": "error", "exception": error}
+            )
             with lock:
                 left[0] -= 1
                 last = left[0] == 0
             if not last:
                 return
-            if all_plain:
-                results = [cast(dict, outcome)["result"] for outcome in outcomes]
+            answers = cast(list[dict], outcomes)
+            # Every part's value plain: the reply is just the values (no dict per rank to
+            # write, read and walk on the way).
+            if all(a["status"] == "OK" and _plain(a["result"]) for a in answers):
+                results = [answer["result"] for answer in answers]
                 reply({"id": msg["id"], "status": "OK", "results": results})
             else:
                 reply({"id": msg["id"], "status": "OK", "replies": outcomes})
@@ -530,6 +526,11 @@ def _unpacked(args: Any, kwargs: Any) -> Resolved:
 def _unpacked_own(args: Any, kwargs: Any) -> Resolved:
     """Arguments another rank of the batch reads too, from copies of their frames."""
     return unpack(own_framed(args)), unpack(own_framed(kwargs)), ()
+
+
+def _plain(payload: Any) -> bool:
+    """Whether a result as ``_payload`` made it travels as it is (not serialized)."""
+    return not isinstance(payload, Serialized)
 
 
 def _payload(result: Any, call: Call) -> Any:
