@@ -19,13 +19,19 @@ from hybridflow_dask.backends.base import InstanceRef, Slot
 from hybridflow_dask.backends.dask.driver.call_path import RankCall
 from hybridflow_dask.backends.dask.driver.gather import wait_some
 from hybridflow_dask.backends.dask.driver.liveness import Liveness
-from hybridflow_dask.backends.dask.driver.replies import RankReply, Replies, one_call
+from hybridflow_dask.backends.dask.driver.replies import (
+    RankReply,
+    Replies,
+    all_values,
+    one_call,
+)
 from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, write_message
 from hybridflow_dask.errors import ProtocolError
 
 
-def _call(count: int) -> tuple[Replies, list[RankReply]]:
-    replies = Replies(count)
+def _call(count: int, deadline: float | None = None) -> tuple[Replies, list[RankReply]]:
+    """A blocking call of ``step`` to ``count`` ranks of group ``g``, not sent anywhere."""
+    replies = Replies([RankCall(ref, 1, (), {}) for ref in _refs(count)], deadline)
     return replies, [RankReply(f"g.step-{i}", replies, i) for i in range(count)]
 
 
@@ -112,33 +118,44 @@ def test_one_call_names_the_call_only_when_every_future_is_one_of_its_ranks():
     assert one_call([object()]) is None
 
 
+def test_all_values_reads_a_call_answered_in_full_only_for_all_its_ranks_in_order():
+    replies, ranks = _call(3)
+    replies.settle_all([(0, "a"), (1, "b")])
+    assert all_values(replies, ranks) is None  # rank 2 still out
+    replies.settle(2, "c", None)
+    assert all_values(replies, ranks) == ["a", "b", "c"]
+    assert all_values(replies, ranks[::-1]) is None and all_values(replies, ranks[1:]) is None
+    failed, (good, bad) = _call(2)
+    failed.settle(0, "a", None)
+    failed.settle(1, None, KeyError("rank 1"))
+    assert all_values(failed, [good, bad]) is None
+
+
 def _refs(count: int) -> list[InstanceRef]:
     slot = Slot(0, "tcp://10.0.0.1:1", "10.0.0.1", worker_id="worker-a")
     return [InstanceRef("g", rank, slot) for rank in range(count)]
 
 
-def test_a_blocking_calls_ranks_are_forgotten_together_once_the_call_is_dropped():
+def test_a_blocking_call_is_tracked_as_one_entry_forgotten_once_the_call_is_dropped():
     live = Liveness()
-    refs = _refs(3)
-    replies, ranks = _call(3)
-    calls = [RankCall(ref, 1, (), {}) for ref in refs]
-    live.track_calls(ranks, calls, deadline=123.0)
-    assert live.placed(ranks[2].key) == (refs[2].slot, refs[2])
+    replies, ranks = _call(3, deadline=123.0)
+    refs = [part.ref for part in replies.calls]
+    live.track_calls(ranks, replies.calls, deadline=123.0)
+    assert live.placed(ranks[2]) == (refs[2].slot, refs[2])
     assert live.issued(ranks[1]) == (refs[1], 1)
     assert live.deadline(ranks) == 123.0
-    keys = [r.key for r in ranks]
+    assert len(live._blocking) == 1 and not live._tasks and not live._calls and not live._refs
     del replies, ranks
     gc.collect()  # (no cycle holds them: freed at once; collect only makes sure)
-    assert all(live.placed(key) is None for key in keys)
-    assert not live._tasks and not live._calls and not live._refs
+    assert not live._blocking
 
 
 def test_a_dead_worker_reports_only_the_ranks_of_a_call_that_were_still_pending():
     live = Liveness()
-    refs = _refs(3)
+    replies, ranks = _call(3)
+    refs = [part.ref for part in replies.calls]
     live.seen(refs[0].slot.address, "worker-a")
-    _, ranks = _call(3)
-    live.track_calls(ranks, [RankCall(ref, 1, (), {}) for ref in refs], deadline=None)
+    live.track_calls(ranks, replies.calls, deadline=None)
     ranks[0].set_result(None)
     assert live.on_worker_removed({"worker": refs[0].slot.address}) == refs[0].slot.address
     assert sorted(ref.rank for ref, _ in live.pending_with(refs[0].slot.address)) == [1, 2]

@@ -328,9 +328,9 @@ def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_
     parts = future.parts
     backend.gather(parts[:0])  # nothing: no message at all
     assert lane_ops == []
-    placed = [backend._live.placed(part.key) for part in parts]
+    placed = [backend._live.placed(part) for part in parts]
     swapped = dict(zip([p.key for p in parts], reversed(placed)))
-    monkeypatch.setattr(backend._live, "placed", swapped.get)
+    monkeypatch.setattr(backend._live, "placed", lambda future: swapped.get(future.key))
     halves = backend.gather(parts)
     assert [torch.equal(h.batch["x"], torch.full((32, 4), 2.0)) for h in halves] == [True, True]
     assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])

@@ -527,7 +527,7 @@ class DaskBackend:
         does not answer either, the cut is the driver's own: the workers are not blamed."""
         where: dict[str, tuple[Slot, InstanceRef | None]] = {}
         for f in pending:
-            placed = self._live.placed(f.key)
+            placed = self._live.placed(f)
             if placed is not None:
                 where.setdefault(placed[0].address, placed)
         scheduler = self._scheduler_address

@@ -187,10 +187,19 @@ class DirectPath:
         batch when the process hosts several of the ranks), the others on its stream,
         which writes every message posted in one turn of the loop at once."""
         shared = _Shared()  # every rank's message is made before any is sent
-        replies = Replies(len(calls)) if blocking else None
+        replies = Replies(calls, deadline) if blocking else None
         keys = task_keys(label, len(calls))
+        # what every rank's message says alike
+        common = {
+            "driver": self.driver_id,
+            "method": method,
+            "keep": not blocking,
+            "client": self.client.id,
+            "share": self._share,
+            "deadline": deadline,
+        }
         messages = [
-            self._message(c, i, keys[i], method, label, deadline, shared, replies)
+            self._message(c, i, keys[i], common, label, shared, replies)
             for i, c in enumerate(calls)
         ]
         batches: dict[Lane, list[_Message]] = {}
@@ -243,16 +252,15 @@ class DirectPath:
         call: RankCall,
         index: int,
         key: str,
-        method: str,
+        common: dict[str, Any],
         label: str,
-        deadline: float | None,
         shared: _Shared,
         replies: Replies | None,
     ) -> _Message:
-        """The message for one rank's part of a call, its future in ``future``. Ranks
-        given the very same argument objects share one packing of them. A blocking call
-        (``replies``: its ranks' replies) is answered in a ``RankReply`` (the rank's
-        ``index`` among them)."""
+        """The message for one rank's part of a call (``common`` and its own fields), its
+        future in ``future``. Ranks given the very same argument objects share one
+        packing of them. A blocking call (``replies``: its ranks' replies) is answered in
+        a ``RankReply`` (the rank's ``index`` among them)."""
         ref = call.ref
         made = shared.get(call.args, call.kwargs)
         if made is None:
@@ -278,19 +286,9 @@ class DirectPath:
         else:
             future = pending_future(self.client, key)
             self.expect(key)
-        msg = {
-            "instance": ref.key,
-            "driver": self.driver_id,
-            "seq": call.seq,
-            "method": method,
-            "args": packed_args,
-            "kwargs": packed_kwargs,
-            "key": key,
-            "keep": replies is None,
-            "client": self.client.id,
-            "share": self._share,
-            "deadline": deadline,
-        }
+        msg = common.copy()
+        msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, key
+        msg["args"], msg["kwargs"] = packed_args, packed_kwargs
         message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, future)
         message.known = known
         return message
@@ -369,7 +367,7 @@ class DirectPath:
         when a holder died. From the caller's thread."""
         by_slot: dict[Slot, tuple[InstanceRef | None, list[str]]] = {}
         for future in futures:
-            placed = self._live.placed(future.key)
+            placed = self._live.placed(future)
             if placed is not None:
                 by_slot.setdefault(placed[0], (placed[1], []))[1].append(future.key)
         limit = call_timeout()

@@ -27,7 +27,7 @@ from ..internals import future_state, wait_all
 from .call_path import CallPath
 from .direct_path import DEATH_WAIT_S
 from .liveness import Liveness
-from .replies import REPLY_KINDS, RankReply, Replies, ReplyFuture, one_call
+from .replies import REPLY_KINDS, RankReply, Replies, ReplyFuture, all_values, one_call
 from .timeouts import timed_out
 
 __all__ = ["Gathering", "wait_some"]
@@ -67,8 +67,8 @@ class Gathering:
         lanes where the path has them, else through Dask)."""
         call = one_call(futures)
         if call is not None and call.wait(POLL_S) and call.all_ok():
-            values = [f.result() for f in futures]  # a blocking call answered in full
-            self._count_gathered(values)
+            values = all_values(call, futures) or [f.result() for f in futures]
+            self._count_gathered(values)  # a blocking call answered in full
             return values
         limit = call_timeout()
         start = time.monotonic()

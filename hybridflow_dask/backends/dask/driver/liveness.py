@@ -22,7 +22,7 @@ from distributed import Future
 
 from ...base import InstanceRef, Slot, WorkerLostError, WorkerUnreachableError
 from .call_path import RankCall, same_arguments
-from .replies import one_call
+from .replies import RankReply, one_call
 
 __all__ = ["Liveness", "TopicFanOut", "futures_in", "lost_error", "unreachable_error"]
 
@@ -46,9 +46,12 @@ class Liveness:
         #: when its Future is freed.
         self._tasks: dict[str, tuple[Slot | None, InstanceRef | None, frozenset[str]]] = {}
         self._hosted: dict[str, InstanceRef] = {}  # worker id -> an instance it hosts
-        #: task key -> weak reference to its future (a blocking call's rank: to its call,
-        #: with the rank's index there)
-        self._refs: dict[str, Any] = {}
+        #: task key -> weak reference to its future
+        self._refs: dict[str, weakref.ref] = {}
+        #: The blocking calls in flight or still held (their first rank's key -> a weak
+        #: reference to the call's ``Replies``): a call's ranks are looked up through it,
+        #: not tracked one by one.
+        self._blocking: dict[str, weakref.ref] = {}
         #: task key -> its call's number on its instance, and its deadline (or ``None``)
         self._calls: dict[str, tuple[int, float | None]] = {}
         #: worker id -> the set of just that id (what a task without inputs needs alive)
@@ -80,30 +83,24 @@ class Liveness:
     def track_calls(
         self, futures: Sequence[Any], calls: Sequence[RankCall], deadline: float | None
     ) -> None:
-        """``track`` each rank's part of one call: ranks given the very same argument
-        objects (``ONE_TO_ALL``) are searched for input futures once. The ranks of one
-        blocking call (``RankReply``s of one ``Replies``) are forgotten together, when
-        the call is: one weak reference for the call, not one per rank."""
+        """``track`` each rank's part of one call. A blocking call (``RankReply``s of one
+        ``Replies``, which holds the call's parts) is one entry, forgotten when the call
+        is: its ``Replies`` answers for its ranks. Otherwise ranks given the very same
+        argument objects (``ONE_TO_ALL``) are searched for input futures once."""
         together = one_call(futures) if len(futures) == len(calls) else None
-        keys: list[str] = []
-        call_ref = (
-            None
-            if together is None
-            else weakref.ref(together, functools.partial(self._forgotten_all, keys))
-        )
+        if together is not None:
+            key = futures[0].key
+            self._blocking[key] = weakref.ref(together, functools.partial(self._dropped, key))
+            return
         inputs: list[Future] = []
         last: RankCall | None = None
         for future, call in zip(futures, calls):
             if last is None or not same_arguments(call.args, call.kwargs, last.args, last.kwargs):
                 inputs, last = futures_in((call.args, call.kwargs)), call
-            if call_ref is None:
-                self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
-                continue
-            key, slot = future.key, call.ref.slot
-            self._tasks[key] = (slot, call.ref, self._needs(slot, inputs))
-            self._calls[key] = (call.seq, deadline)
-            self._refs[key] = (call_ref, future.index)
-            keys.append(key)
+            self._track(future, call.ref.slot, call.ref, inputs, call.seq, deadline)
+
+    def _dropped(self, key: str, _: Any) -> None:
+        self._blocking.pop(key, None)
 
     def _track(
         self,
@@ -135,26 +132,27 @@ class Liveness:
             slot.worker_id, frozenset((slot.worker_id,))
         )
 
-    def _is_pending(self, key: str) -> bool:
-        """Whether the call behind ``key`` is tracked and not done yet."""
-        ref = self._refs.get(key)
-        if type(ref) is tuple:  # a blocking call's rank: (its call's weak reference, index)
-            call = ref[0]()
-            return call is not None and not call.is_done(ref[1])
-        fut = ref() if ref is not None else None
-        return fut is not None and not fut.done()
+    def _entry(self, fut: Any) -> tuple[Slot | None, InstanceRef | None, frozenset[str]]:
+        """``(slot, instance, worker ids it needs alive)`` of the task behind ``fut``."""
+        if type(fut) is RankReply:  # a blocking call's rank: its call knows its part
+            call = fut.replies.calls[fut.index]
+            return call.ref.slot, call.ref, self._needs(call.ref.slot, futures_in(call[2:]))
+        return self._tasks.get(fut.key, _NOTHING)
 
-    def _own_future(self, key: str) -> Any:
-        """The future tracked under ``key`` on its own (not a blocking call's rank)."""
-        ref = self._refs.get(key)
-        return ref() if ref is not None and type(ref) is not tuple else None
-
-    def _forgotten_all(self, keys: list[str], _: Any) -> None:
-        tasks, calls, refs = self._tasks, self._calls, self._refs
-        for key in keys:
-            tasks.pop(key, None)
-            calls.pop(key, None)
-            refs.pop(key, None)
+    def _blocking_ranks(self) -> list[tuple[str, RankReply, RankCall]]:
+        """Each rank of the blocking calls still held that has not been answered yet, with
+        its call's first key (every rank's key has the call's label)."""
+        found = []
+        for key, ref in list(self._blocking.items()):
+            call = ref()
+            if call is None:
+                continue
+            found += [
+                (key, RankReply(key, call, i), part)
+                for i, part in enumerate(call.calls)
+                if not call.is_done(i)
+            ]
+        return found
 
     def _forgotten(self, key: str, _: Any) -> None:
         self._forget(key)
@@ -189,9 +187,12 @@ class Liveness:
         for key, (_, ref, needs) in list(self._tasks.items()):
             if ref is None or worker_id not in needs:
                 continue
-            if self._is_pending(key):
-                group = ref.group.replace("-", "_")  # as in task keys
-                found.append((ref, _label_of(key)[len(group) + 1 :]))
+            fut = self._refs[key]() if key in self._refs else None
+            if fut is not None and not fut.done():
+                found.append((ref, _method_of(key, ref)))
+        for key, rank, part in self._blocking_ranks():
+            if worker_id in self._entry(rank)[2]:
+                found.append((part.ref, _method_of(key, part.ref)))
         return found
 
     def unreachable(self, slot: Slot, bound: float) -> None:
@@ -212,13 +213,23 @@ class Liveness:
 
     def issued(self, fut: Any) -> tuple[InstanceRef, int] | None:
         """The instance and number of the call behind ``fut``, if it is a call."""
+        if type(fut) is RankReply:
+            part = fut.replies.calls[fut.index]
+            return part.ref, part.seq
         ref = self._tasks.get(fut.key, _NOTHING)[1]
         call = self._calls.get(fut.key)
         return None if ref is None or call is None else (ref, call[0])
 
     def deadline(self, futures: Sequence[Any]) -> float | None:
         """The earliest deadline (``time.time()``) of the calls behind ``futures``."""
-        deadlines = [c[1] for f in futures if (c := self._calls.get(f.key)) and c[1] is not None]
+        deadlines = []
+        for f in futures:
+            if type(f) is RankReply:
+                deadline = f.replies.deadline
+            else:
+                deadline = call[1] if (call := self._calls.get(f.key)) else None
+            if deadline is not None:
+                deadlines.append(deadline)
         return min(deadlines, default=None)
 
     def is_dead(self, slot: Slot) -> bool:
@@ -227,10 +238,10 @@ class Liveness:
     def is_dead_id(self, worker_id: str) -> bool:
         return worker_id in self._dead
 
-    def placed(self, key: str) -> tuple[Slot, InstanceRef | None] | None:
-        """Where the task behind ``key`` ran (so where its result is) and for which
+    def placed(self, fut: Any) -> tuple[Slot, InstanceRef | None] | None:
+        """Where the task behind ``fut`` ran (so where its result is) and for which
         instance, if it is ours."""
-        slot, ref, _ = self._tasks.get(key, _NOTHING)
+        slot, ref, _ = self._entry(fut)
         return None if slot is None else (slot, ref)
 
     def known(self, address: str) -> bool:
@@ -277,7 +288,7 @@ class Liveness:
         """Why ``fut`` can never finish (its worker, or an input's, died), or ``None``."""
         if not self._dead:
             return None
-        slot, ref, needs = self._tasks.get(fut.key, _NOTHING)
+        slot, ref, needs = self._entry(fut)
         if slot is not None and self.is_dead(slot):
             return self.error(slot, ref)
         dead = sorted(needs & self._dead)
@@ -290,7 +301,7 @@ class Liveness:
 
     def lost_input(self, fut: Any) -> WorkerLostError | None:
         """Why another call can never get ``fut``'s data (its worker died), or ``None``."""
-        _, ref, needs = self._tasks.get(fut.key, _NOTHING)
+        _, ref, needs = self._entry(fut)
         dead = sorted(needs & self._dead)
         if not dead:
             return None
@@ -309,8 +320,7 @@ class Liveness:
         found = []
         for key, (_, _, needs) in list(self._tasks.items()):
             if needs & self._dead:
-                # (a blocking call's rank is not cancelled: it fails through its message)
-                fut = self._own_future(key)
+                fut = self._refs[key]() if key in self._refs else None
                 if fut is not None and not fut.done():
                     found.append(fut)
         return found
@@ -399,3 +409,9 @@ def _label(fut: Future) -> str:
 
 def _label_of(key: str) -> str:
     return str(key).rsplit("-", 1)[0]
+
+
+def _method_of(key: str, ref: InstanceRef) -> str:
+    """The method a call's task key names (``group.method-...``)."""
+    group = ref.group.replace("-", "_")  # as in task keys
+    return _label_of(key)[len(group) + 1 :]

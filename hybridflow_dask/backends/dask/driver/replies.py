@@ -3,10 +3,12 @@
 A blocking call to many ranks is answered rank by rank, and its caller waits for all of
 them at once. ``Replies`` is that call: every rank's outcome in one place, settled under
 one lock (in bulk when a worker process answers for several ranks together), with one
-event for "all in, or one failed". ``RankReply`` is one rank's view of it, the future the
-call path hands out per rank: a few slots, no lock or condition of its own, so a call to
-hundreds of ranks does not build hundreds of ``concurrent.futures.Future``s. The call
-holds no reference to its ranks' futures, so it lives exactly as long as they do.
+event for "all in, or one failed", and what the call was (each rank's part, its
+deadline): all the driver's liveness needs to know of its ranks, so they are tracked as
+one entry. ``RankReply`` is one rank's view of it, the future the call path hands out
+per rank: a few slots, no lock or condition of its own, so a call to hundreds of ranks
+does not build hundreds of ``concurrent.futures.Future``s. The call holds no reference
+to its ranks' futures, so it lives exactly as long as they do.
 
 Other direct messages (a creation, a teardown, a question to a worker) are answered in a
 ``ReplyFuture``, a ``concurrent.futures.Future`` that ``asyncio.wrap_future`` and
@@ -16,14 +18,16 @@ Other direct messages (a creation, a teardown, a question to a worker) are answe
 from __future__ import annotations
 
 import concurrent.futures
+import operator
 import threading
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from .call_path import RankCall
 from .lane import Lane, read_replies
 
-__all__ = ["REPLY_KINDS", "RankReply", "Replies", "ReplyFuture", "one_call"]
+__all__ = ["REPLY_KINDS", "RankReply", "Replies", "ReplyFuture", "all_values", "one_call"]
 
 
 class Replies:
@@ -38,12 +42,19 @@ class Replies:
         "_lock",
         "_values",
         "_waiting",
+        "calls",
+        "deadline",
         "failed",
         "lanes",
         "settled",
     )
 
-    def __init__(self, count: int) -> None:
+    def __init__(self, calls: Sequence[RankCall], deadline: float | None = None) -> None:
+        #: Each rank's part (its instance, its number there, its arguments), by index.
+        self.calls = calls
+        #: The call's deadline (``time.time()``), or ``None``.
+        self.deadline = deadline
+        count = len(calls)
         self._left = count
         self._done = [False] * count
         self._values: list[Any] = [None] * count
@@ -180,10 +191,26 @@ class RankReply:
 def one_call(futures: Sequence[Any]) -> Replies | None:
     """The blocking call whose replies ``futures`` all are (all its ranks, or some), if any."""
     first = futures[0] if futures else None
-    replies = first.replies if type(first) is RankReply else None
-    if replies is not None and all(type(f) is RankReply and f.replies is replies for f in futures):
-        return replies
+    if type(first) is not RankReply:
+        return None
+    # (two passes in C: this runs for every rank of every blocking call, twice)
+    if set(map(type, futures)) == {RankReply} and set(map(_call_of, futures)) == {first.replies}:
+        return first.replies
     return None
+
+
+def all_values(call: Replies, futures: Sequence[Any]) -> list[Any] | None:
+    """The values of ``futures`` when they are every rank of ``call`` in order and it was
+    answered in full without a failure (the common blocking call), else ``None``."""
+    if not call.all_ok() or len(futures) != len(call.calls):
+        return None
+    if list(map(_index_of, futures)) != list(range(len(futures))):
+        return None
+    return list(call._values)
+
+
+_call_of = operator.attrgetter("replies")
+_index_of = operator.attrgetter("index")
 
 
 class ReplyFuture(concurrent.futures.Future):
