@@ -47,7 +47,7 @@ from ..internals import (
     published_datasets,
     record_finished_task,
 )
-from ..wire.call_events import FinishedCall, finished_calls
+from ..wire.call_events import FinishedCall, FoldedCalls, call_entries, sampled_calls
 from ..wire.keys import CALL_PHASES, CALL_STAMPS, CALL_TOPIC, EVENT_TOPIC, GROUP_DATASET
 from .dashboard_page import (
     CallStats,
@@ -161,42 +161,60 @@ class GroupMonitor(SchedulerPlugin):
         for entry in _listed(msg, "pending"):
             if _pending_call(entry) and self._published(entry["group"]):
                 self.inflight.report(entry, now)
-        self._record(finished_calls(msg), now)
+        self._record(call_entries(msg), sampled_calls(msg), now)
 
-    def _record(self, calls: list[FinishedCall], now: float) -> None:
-        """Count ``calls`` (one event's): each (group, method) is looked up once per event,
-        since a call to many ranks reports a row per rank."""
+    def _record(
+        self,
+        entries: list[FinishedCall | FoldedCalls],
+        samples: list[FinishedCall],
+        now: float,
+    ) -> None:
+        """Count one event's calls (rows and folds, in order) and add its samples' phase
+        times; each (group, method) is looked up once per event."""
         datasets = self._datasets()
         places: dict[tuple[str, str], tuple[str, str, bool] | None] = {}
-        for call in calls:
-            place = places.get((call.group, call.method), _UNSEEN)
+
+        def place_of(group: str, method: str) -> tuple[str, str, bool] | None:
+            place = places.get((group, method), _UNSEEN)
             if place is _UNSEEN:
-                published = GROUP_DATASET + call.group in datasets
-                place = places[call.group, call.method] = (
-                    (call.group, method_name(call.method), is_internal(call.method))
+                published = GROUP_DATASET + group in datasets
+                place = places[group, method] = (
+                    (group, method_name(method), is_internal(method))
                     if published  # else a group shut down (or never published): ignored
                     else None
                 )
+            return place
+
+        for entry in entries:
+            place = place_of(entry.group, entry.method)
             if place is None:
                 continue
-            group, name, internal = place
-            self.inflight.done(call.worker, call.key)
-            stamps = call.stamps
-            phases = {phase: stamps[end] - stamps[begin] for phase, begin, end in _PHASES}
-            error = None if call.ok else _error(call.error)
-            self.stats.finished(group, name, internal, phases, error, rank=call.rank, when=now)
-            if error is not None:
-                self.events.add(
-                    "error",
-                    now,
-                    group=group,
-                    method=name,
-                    rank=call.rank,
-                    worker=call.worker,
-                    **error,
-                )
-            if call.path != "task" and self._drawn.take(call.worker, now):
-                self._to_task_stream(call)  # (a task's own record is already in the stream)
+            if isinstance(entry, FoldedCalls):
+                for rank, count, run in entry.ranks:
+                    self.stats.folded(*place, rank, count, run, when=now)
+            else:
+                self._finished(entry, place, now)
+        for call in samples:
+            place = place_of(call.group, call.method)
+            if place is not None:
+                self.stats.sampled(*place, _phases(call))
+                self._draw(call, now)
+
+    def _finished(self, call: FinishedCall, place: tuple[str, str, bool], now: float) -> None:
+        """A call sent as a row of its own: counted, its phases kept, its error an event."""
+        group, name, internal = place
+        self.inflight.done(call.worker, call.key)
+        error = None if call.ok else _error(call.error)
+        self.stats.finished(group, name, internal, _phases(call), error, rank=call.rank, when=now)
+        if error is not None:
+            self.events.add(
+                "error", now, group=group, method=name, rank=call.rank, worker=call.worker, **error
+            )
+        self._draw(call, now)
+
+    def _draw(self, call: FinishedCall, now: float) -> None:
+        if call.path != "task" and self._drawn.take(call.worker, now):
+            self._to_task_stream(call)  # (a task's own record is already in the stream)
 
     def _driver_event(self, msg: dict[str, Any]) -> None:
         kind = msg.get("kind")
@@ -327,6 +345,12 @@ _PHASES = tuple(
     for name, (begin, end) in CALL_PHASES.items()
 )
 _UNSEEN: Any = object()
+
+
+def _phases(call: FinishedCall) -> dict[str, float]:
+    stamps = call.stamps
+    return {phase: stamps[end] - stamps[begin] for phase, begin, end in _PHASES}
+
 
 #: The most lost calls one event adds to a method's counts (a bound on a malformed event).
 LOST_COUNTED = 100_000

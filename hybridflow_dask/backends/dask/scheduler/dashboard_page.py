@@ -199,6 +199,37 @@ class CallStats:
                 return
             per_rank.finished(name, phases.get("run"), error, when)
 
+    def folded(
+        self,
+        group: str,
+        name: str,
+        internal: bool,
+        rank: Any,
+        count: int,
+        run: float,
+        *,
+        when: float,
+    ) -> None:
+        """``count`` good calls of one rank, folded (their phases come as samples): the
+        longest ``run`` joins the rank's window."""
+        stats = self.get(group, name, internal)
+        stats.calls += count
+        try:
+            stats.finished_at[rank] = when
+        except TypeError:  # an unhashable rank from a malformed event: no statistics
+            return
+        if not internal:
+            per_rank = self.ranks.setdefault(group, {}).get(rank)
+            if per_rank is None:
+                per_rank = self.ranks[group][rank] = RankStats()
+            per_rank.finished(name, run, None, when, count=count)
+
+    def sampled(self, group: str, name: str, internal: bool, phases: Mapping[str, float]) -> None:
+        """The phase durations of a call a fold counts."""
+        windows = self.get(group, name, internal).phases
+        for phase, seconds in phases.items():
+            windows[phase].append(max(0.0, seconds))
+
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the groups ``keep`` rejects (shut down), so a long-lived scheduler stays small."""
         for group in [g for g in self.groups if not keep(g)]:

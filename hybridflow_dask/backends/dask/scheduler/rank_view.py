@@ -61,9 +61,16 @@ class RankStats:
     runs: dict[str, deque] = field(default_factory=dict)
 
     def finished(
-        self, method: str, run: float | None, error: Mapping[str, Any] | None, when: float | None
+        self,
+        method: str,
+        run: float | None,
+        error: Mapping[str, Any] | None,
+        when: float | None,
+        count: int = 1,
     ) -> None:
-        self.calls += 1
+        """``count`` calls of ``method`` ended (the latest with ``error``); ``run`` joins
+        the method's window."""
+        self.calls += count
         if run is not None:
             window = self.runs.get(method)
             if window is None:

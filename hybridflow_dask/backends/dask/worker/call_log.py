@@ -9,16 +9,19 @@ Every call an instance receives, on any path, gets a ``CallRecord`` stamped at e
 - and, when it ends, the time its reply was handed back (or its result kept).
 
 Finished calls go to the scheduler in one ``hybridflow-call`` event per 50 ms, not one per
-call, packed as rows (``wire.call_events``). A call still pending ``REPORT_AFTER_S`` after
-it arrived is reported while pending (fetching inputs, queued or running) and again
-whenever that state changes, so a hung or slow rank shows on the page within a second
-instead of only when it ends. Fast calls cost nothing more than the event they are
-batched into.
+call (``wire.call_events``): a failed call, or one reported while pending, as a row of
+its own; the good calls of a method between those folded into counts per rank, with a
+uniform sample of their rows for the page's phase times. A call still pending
+``REPORT_AFTER_S`` after it arrived is reported while pending (fetching inputs, queued or
+running) and again whenever that state changes, so a hung or slow rank shows on the page
+within a second instead of only when it ends. Fast calls cost nothing more than the
+event they are batched into.
 """
 
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
 import time
 import traceback
@@ -27,7 +30,7 @@ from typing import Any
 from tornado.ioloop import PeriodicCallback
 
 from ...base import InstanceRef
-from ..wire.call_events import call_row, rows_event
+from ..wire.call_events import call_row, fold_entry, rows_event
 from ..wire.keys import CALL_STAMPS, CALL_TOPIC
 
 __all__ = ["CallLog", "CallRecord", "error_detail"]
@@ -41,6 +44,8 @@ SEND_INTERVAL_S = 0.05
 #: The most characters of a traceback or message an event carries.
 TRACEBACK_CHARS = 12_000
 MESSAGE_CHARS = 2_000
+#: The most rows of good calls each method samples per event (see ``wire.call_events``).
+SAMPLED = 8
 
 
 class CallRecord:
@@ -73,7 +78,11 @@ class CallLog:
         self.worker = worker
         self._lock = threading.Lock()
         self._pending: set[CallRecord] = set()
-        self._finished: list[list[Any]] = []  # rows (``call_row``) not sent yet
+        #: What the next event carries: rows of calls shown alone and folds, in order.
+        self._entries: list[list[Any] | _Fold] = []
+        #: (group, method, path) -> the fold its next good call joins, and its sample.
+        self._folds: dict[tuple[str, str, str], _Fold] = {}
+        self._samples: dict[tuple[str, str, str], _Sample] = {}
         self._loop = worker.loop.asyncio_loop
         self._scan = PeriodicCallback(self._report_pending, SCAN_INTERVAL_S * 1000)
         self._scan.start()
@@ -88,39 +97,70 @@ class CallLog:
         return record
 
     def end(self, record: CallRecord, error: BaseException | None = None, nbytes: int = 0) -> None:
-        """The call was answered (or its result kept): queue its record for the scheduler."""
+        """The call was answered (or its result kept): queue it for the scheduler."""
         replied = record.replied = time.time()
         # Stamps a call never reached (refused, or its inputs failed) take the time of the
         # one before: a call that never ran spans no run time.
         inputs = record.inputs or record.received
         start = record.start or inputs
+        stop = record.stop or start
         ref = record.ref
-        row = call_row(
+        stamps = (record.received, inputs, start, stop, replied)
+        what = (ref.group, record.method, record.path)
+        with self._lock:
+            self._pending.discard(record)
+            first = not self._entries
+            if error is None and not record.told:  # a good call: counted in a fold
+                fold = self._folds.get(what)
+                if fold is None:
+                    fold = self._folds[what] = _Fold(what)
+                    self._entries.append(fold)
+                fold.add(ref.rank, stop - start)
+                sample = self._samples.get(what)
+                if sample is None:
+                    sample = self._samples[what] = _Sample()
+                if sample.draws():
+                    sample.keep(self._row(record, stamps, None, nbytes))
+            else:  # shown by itself; the method's later good calls fold after it
+                self._entries.append(self._row(record, stamps, error, nbytes))
+                self._folds.pop(what, None)
+        if first:
+            with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
+                self._loop.call_soon_threadsafe(self._loop.call_later, SEND_INTERVAL_S, self.send)
+
+    def _row(
+        self,
+        record: CallRecord,
+        stamps: tuple[float, float, float, float, float],
+        error: BaseException | None,
+        nbytes: int,
+    ) -> list[Any]:
+        ref = record.ref
+        return call_row(
             record.key,
             ref.group,
             record.method,
             ref.rank,
             self.worker.address,
             record.path,
-            (record.received, inputs, start, record.stop or start, replied),
+            stamps,
             "OK" if error is None else "error",
             nbytes,
             None if error is None else error_detail(error),
         )
-        with self._lock:
-            self._pending.discard(record)
-            self._finished.append(row)
-            first = len(self._finished) == 1
-        if first:
-            with contextlib.suppress(RuntimeError):  # the worker's loop closed meanwhile
-                self._loop.call_soon_threadsafe(self._loop.call_later, SEND_INTERVAL_S, self.send)
 
     def send(self) -> None:
         """One event for the calls finished since the last one (on the worker's loop)."""
         with self._lock:
-            rows, self._finished = self._finished, []
-        if rows:
-            self.worker.log_event(CALL_TOPIC, rows_event(rows))
+            entries, self._entries = self._entries, []
+            samples, self._samples = self._samples, {}
+            self._folds = {}
+        if not entries:
+            return
+        address = self.worker.address
+        rows = [e.entry(address) if isinstance(e, _Fold) else e for e in entries]
+        sampled = [row for sample in samples.values() for row in sample.rows]
+        self.worker.log_event(CALL_TOPIC, rows_event(rows, sampled))
 
     def _report_pending(self) -> None:
         now = time.time()
@@ -152,6 +192,56 @@ class CallLog:
             "worker": self.worker.address,
             "path": record.path,
         }
+
+
+class _Fold:
+    """Good calls of one method in a row: per rank, how many and the longest run."""
+
+    __slots__ = ("ranks", "what")
+
+    def __init__(self, what: tuple[str, str, str]) -> None:
+        self.what = what
+        self.ranks: dict[Any, list[Any]] = {}
+
+    def add(self, rank: Any, run: float) -> None:
+        counted = self.ranks.get(rank)
+        if counted is None:
+            self.ranks[rank] = [rank, 1, run]
+        else:
+            counted[1] += 1
+            if run > counted[2]:
+                counted[2] = run
+
+    def entry(self, worker: str) -> list[Any]:
+        group, method, path = self.what
+        return fold_entry(group, method, worker, path, list(self.ranks.values()))
+
+
+class _Sample:
+    """Up to ``SAMPLED`` rows of one method's good calls, each call equally likely to be
+    kept (reservoir sampling): the fastest calls of an event are not the ones shown."""
+
+    __slots__ = ("_slot", "rows", "seen")
+
+    def __init__(self) -> None:
+        self.rows: list[list[Any]] = []
+        self.seen = 0
+        self._slot = -1
+
+    def draws(self) -> bool:
+        """Whether the call seen now is kept (then ``keep`` its row)."""
+        self.seen += 1
+        if len(self.rows) < SAMPLED:
+            self._slot = len(self.rows)
+            return True
+        self._slot = random.randrange(self.seen)
+        return self._slot < SAMPLED
+
+    def keep(self, row: list[Any]) -> None:
+        if self._slot == len(self.rows):
+            self.rows.append(row)
+        else:
+            self.rows[self._slot] = row
 
 
 def error_detail(exc: BaseException) -> dict[str, str]:
