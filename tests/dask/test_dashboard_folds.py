@@ -150,8 +150,7 @@ def test_the_sample_keeps_each_call_about_equally_likely_not_the_first_ones():
     for _ in range(400):
         sample = _Sample()
         for call in range(64):
-            if sample.draws():
-                sample.keep([call])
+            sample.offer(lambda call=call: [call])
         assert len(sample.rows) == SAMPLED
         kept.update(row[0] for row in sample.rows)
     early, late = sum(kept[c] for c in range(32)), sum(kept[c] for c in range(32, 64))

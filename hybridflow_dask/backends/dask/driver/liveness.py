@@ -135,23 +135,26 @@ class Liveness:
     def _entry(self, fut: Any) -> tuple[Slot | None, InstanceRef | None, frozenset[str]]:
         """``(slot, instance, worker ids it needs alive)`` of the task behind ``fut``."""
         if type(fut) is RankReply:  # a blocking call's rank: its call knows its part
-            call = fut.replies.calls[fut.index]
-            return call.ref.slot, call.ref, self._needs(call.ref.slot, futures_in(call[2:]))
+            part = fut.replies.calls[fut.index]
+            return part.ref.slot, part.ref, self._part_needs(part)
         return self._tasks.get(fut.key, _NOTHING)
 
-    def _blocking_ranks(self) -> list[tuple[str, RankReply, RankCall]]:
-        """Each rank of the blocking calls still held that has not been answered yet, with
-        its call's first key (every rank's key has the call's label)."""
+    def _part_needs(self, part: RankCall) -> frozenset[str]:
+        return self._needs(part.ref.slot, futures_in((part.args, part.kwargs)))
+
+    def _tracked_future(self, key: str) -> Any:
+        """The future tracked under ``key``, while it lives."""
+        ref = self._refs.get(key)
+        return None if ref is None else ref()
+
+    def _blocking_ranks(self) -> list[tuple[str, RankCall]]:
+        """The part of each rank of the blocking calls still held that has not been
+        answered yet, with its call's first key (every rank's key has the call's label)."""
         found = []
         for key, ref in list(self._blocking.items()):
             call = ref()
-            if call is None:
-                continue
-            found += [
-                (key, RankReply(key, call, i), part)
-                for i, part in enumerate(call.calls)
-                if not call.is_done(i)
-            ]
+            if call is not None:
+                found += [(key, part) for i, part in enumerate(call.calls) if not call.is_done(i)]
         return found
 
     def _forgotten(self, key: str, _: Any) -> None:
@@ -187,11 +190,11 @@ class Liveness:
         for key, (_, ref, needs) in list(self._tasks.items()):
             if ref is None or worker_id not in needs:
                 continue
-            fut = self._refs[key]() if key in self._refs else None
+            fut = self._tracked_future(key)
             if fut is not None and not fut.done():
                 found.append((ref, _method_of(key, ref)))
-        for key, rank, part in self._blocking_ranks():
-            if worker_id in self._entry(rank)[2]:
+        for key, part in self._blocking_ranks():
+            if worker_id in self._part_needs(part):
                 found.append((part.ref, _method_of(key, part.ref)))
         return found
 
@@ -320,7 +323,7 @@ class Liveness:
         found = []
         for key, (_, _, needs) in list(self._tasks.items()):
             if needs & self._dead:
-                fut = self._refs[key]() if key in self._refs else None
+                fut = self._tracked_future(key)
                 if fut is not None and not fut.done():
                     found.append(fut)
         return found

@@ -178,26 +178,8 @@ class CallStats:
         when: float | None = None,
     ) -> None:
         """One finished call: its phase durations (seconds) and its error, if it failed."""
-        stats = self.get(group, name, internal)
-        stats.calls += 1
-        for phase, seconds in phases.items():
-            stats.phases[phase].append(max(0.0, seconds))
-        if error is not None:
-            stats.errors += 1
-            stats.last_error = {"rank": rank, "time": when, **error}
-        if rank is not None and when is not None:
-            stats.finished_at[rank] = when
-        if rank is not None and not internal:
-            ranks = self.ranks.get(group)
-            if ranks is None:
-                ranks = self.ranks[group] = {}
-            try:
-                per_rank = ranks.get(rank)
-                if per_rank is None:
-                    per_rank = ranks[rank] = RankStats()
-            except TypeError:  # an unhashable rank from a malformed event: no statistics
-                return
-            per_rank.finished(name, phases.get("run"), error, when)
+        self.sampled(group, name, internal, phases)
+        self._count(group, name, internal, 1, phases.get("run"), error, rank, when)
 
     def folded(
         self,
@@ -212,23 +194,45 @@ class CallStats:
     ) -> None:
         """``count`` good calls of one rank, folded (their phases come as samples): the
         longest ``run`` joins the rank's window."""
-        stats = self.get(group, name, internal)
-        stats.calls += count
-        try:
-            stats.finished_at[rank] = when
-        except TypeError:  # an unhashable rank from a malformed event: no statistics
-            return
-        if not internal:
-            per_rank = self.ranks.setdefault(group, {}).get(rank)
-            if per_rank is None:
-                per_rank = self.ranks[group][rank] = RankStats()
-            per_rank.finished(name, run, None, when, count=count)
+        self._count(group, name, internal, count, run, None, rank, when)
 
     def sampled(self, group: str, name: str, internal: bool, phases: Mapping[str, float]) -> None:
-        """The phase durations of a call a fold counts."""
+        """A call's phase durations, into its method's windows."""
         windows = self.get(group, name, internal).phases
         for phase, seconds in phases.items():
             windows[phase].append(max(0.0, seconds))
+
+    def _count(
+        self,
+        group: str,
+        name: str,
+        internal: bool,
+        count: int,
+        run: float | None,
+        error: Mapping[str, Any] | None,
+        rank: Any,
+        when: float | None,
+    ) -> None:
+        """``count`` calls of one rank ended, the latest with ``error``."""
+        stats = self.get(group, name, internal)
+        stats.calls += count
+        if error is not None:
+            stats.errors += 1
+            stats.last_error = {"rank": rank, "time": when, **error}
+        if rank is None:
+            return
+        try:
+            if when is not None:
+                stats.finished_at[rank] = when
+            if internal:
+                return
+            ranks = self.ranks.setdefault(group, {})
+            per_rank = ranks.get(rank)
+            if per_rank is None:
+                per_rank = ranks[rank] = RankStats()
+        except TypeError:  # an unhashable rank from a malformed event: no statistics
+            return
+        per_rank.finished(name, run, error, when, count=count)
 
     def forget(self, keep: Callable[[str], bool]) -> None:
         """Drop the groups ``keep`` rejects (shut down), so a long-lived scheduler stays small."""

@@ -21,10 +21,12 @@ event they are batched into.
 from __future__ import annotations
 
 import contextlib
+import functools
 import random
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from typing import Any
 
 from tornado.ioloop import PeriodicCallback
@@ -119,8 +121,7 @@ class CallLog:
                 sample = self._samples.get(what)
                 if sample is None:
                     sample = self._samples[what] = _Sample()
-                if sample.draws():
-                    sample.keep(self._row(record, stamps, None, nbytes))
+                sample.offer(functools.partial(self._row, record, stamps, None, nbytes))
             else:  # shown by itself; the method's later good calls fold after it
                 self._entries.append(self._row(record, stamps, error, nbytes))
                 self._folds.pop(what, None)
@@ -221,27 +222,21 @@ class _Sample:
     """Up to ``SAMPLED`` rows of one method's good calls, each call equally likely to be
     kept (reservoir sampling): the fastest calls of an event are not the ones shown."""
 
-    __slots__ = ("_slot", "rows", "seen")
+    __slots__ = ("rows", "seen")
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
         self.seen = 0
-        self._slot = -1
 
-    def draws(self) -> bool:
-        """Whether the call seen now is kept (then ``keep`` its row)."""
+    def offer(self, row: Callable[[], list[Any]]) -> None:
+        """The call seen now: its ``row()`` is made only when it is kept."""
         self.seen += 1
         if len(self.rows) < SAMPLED:
-            self._slot = len(self.rows)
-            return True
-        self._slot = random.randrange(self.seen)
-        return self._slot < SAMPLED
-
-    def keep(self, row: list[Any]) -> None:
-        if self._slot == len(self.rows):
-            self.rows.append(row)
-        else:
-            self.rows[self._slot] = row
+            self.rows.append(row())
+            return
+        slot = random.randrange(self.seen)
+        if slot < SAMPLED:
+            self.rows[slot] = row()
 
 
 def error_detail(exc: BaseException) -> dict[str, str]:
