@@ -11,8 +11,10 @@ ordinary Dask future:
 - a **non-blocking** call's result stays in the worker's memory and is registered with
   the scheduler under the call's key, so the driver's ``distributed.Future`` can be
   gathered, passed to any later call (on either path) or released like any other. A
-  plain result (``None``, a number, a short string) also comes back in the reply, so
-  gathering it fetches nothing.
+  plain result (``None``, a number, a short string) comes back in the reply instead and
+  is held by the driver (``held.CallFuture``): gathering it fetches nothing, and it
+  becomes a Dask key, on the worker that made it, only when a later call or task needs
+  it as an input.
 
 Messages are started on the client's event loop; a call whose inputs are futures waits
 there (never in the caller's thread) until they are in memory, then the worker fetches
@@ -28,7 +30,6 @@ import contextlib
 import logging
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, cast
@@ -54,6 +55,7 @@ from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, same_arguments
 from .channel import Channel
+from .held import NOT_HELD, CallFuture
 from .lane import Lane
 from .liveness import Liveness, futures_in
 from .replies import RankReply, Replies, ReplyFuture
@@ -140,8 +142,6 @@ class DirectPath:
         self._lanes_lock = threading.Lock()
         self._same_host_copy = same_host_copy
         self._closed = False
-        #: Plain results of non-blocking calls, sent along with their replies.
-        self._plain: weakref.WeakKeyDictionary[Future, Any] = weakref.WeakKeyDictionary()
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
         self._outbox: list[_Message] = []
@@ -284,7 +284,7 @@ class DirectPath:
         if replies is not None:
             future: Any = RankReply(key, replies, index)
         else:
-            future = pending_future(self.client, key)
+            future = CallFuture(key, self.client)
             self.expect(key)
         msg = common.copy()
         msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, key
@@ -403,18 +403,19 @@ class DirectPath:
 
     def plain_result(self, future: Future, default: Any) -> Any:
         """The result of ``future`` if it came back with its reply, else ``default``."""
-        with self._lock:
-            return self._plain.get(future, default)
+        held = getattr(future, "held", NOT_HELD)
+        return default if held is NOT_HELD else held
 
     def submit_when_known(
         self, futures: Sequence[Future], submit: Callable[[Future | None], Future], label: str
     ) -> Future:
         """A task on results of non-blocking calls still in flight waits for their keys
         to be registered with the scheduler (which would ignore a task needing unknown
-        keys): it is submitted from the loop once they are, into the future handed out now."""
+        keys), and a plain result the driver holds is kept by its worker first: the task
+        is submitted from the loop once they all are, into the future handed out now."""
         with self._lock:
             unknown = [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
-        if not unknown:
+        if not unknown and not any(map(_unkept, futures)):
             return submit(None)
         future = pending_future(self.client, task_key(label))
         self.expect(future.key)
@@ -426,6 +427,7 @@ class DirectPath:
                     if dep.status in ("error", "cancelled"):
                         fail_future(future, future_state(dep).exception)
                         return
+                await self._promote(futures)
                 submit(future)
             except Exception as exc:  # the client is closing, or the task cannot be sent
                 fail_future(future, exc)
@@ -580,8 +582,10 @@ class DirectPath:
         # wait for good. Once done, every input is known to the scheduler (a direct result
         # is finished only after its worker registered it).
         try:
-            for dep in (*message.inputs, *message.known):
+            inputs = (*message.inputs, *message.known)
+            for dep in inputs:
                 await self._wait_input(dep, message)
+            await self._promote(inputs)
         except BaseException as exc:
             self._failed(message, exc)
             return
@@ -722,11 +726,31 @@ class DirectPath:
         if error is not None:
             fail_future(future, error)
         else:
-            if reply and "value" in reply:
-                with self._lock:
-                    self._plain[future] = reply["value"]
+            if reply and "value" in reply:  # a plain result: the driver holds it
+                future.held = reply["value"]
             finish_future(future)
         self.announce(future.key)
+
+    async def _promote(self, futures: Sequence[Any]) -> None:
+        """Plain results among (finished) ``futures`` that the driver holds, kept by the
+        workers that made them under their keys (each once), so that another process
+        can read them: an input of a later call or task is a Dask key. Loop thread."""
+        for future in futures:
+            if type(future) is CallFuture and future.held is not NOT_HELD:
+                if future.promoted is None:
+                    future.promoted = asyncio.ensure_future(self._keep(future))
+                await asyncio.shield(future.promoted)
+
+    async def _keep(self, future: CallFuture) -> None:
+        """Have ``future``'s worker keep its held value (a dead worker fails this as it
+        would fail a call: the value was its)."""
+        placed = self._live.placed(future)
+        if placed is None:  # every call's future is tracked while it lives
+            raise RuntimeError(f"no worker is known to have made {future.key}")
+        answer = ReplyFuture("hf_keep")
+        msg = {"key": future.key, "value": future.held, "client": self.client.id}
+        self._send(_Message("hf_keep", placed[0], placed[1], None, msg, [], answer))
+        await asyncio.wrap_future(answer)
 
     # -- helpers ----------------------------------------------------------------------------------
 
@@ -789,6 +813,14 @@ class _Shared:
     def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
         self.args, self.kwargs, self.made = args, kwargs, made
         return made
+
+
+def _unkept(future: Any) -> bool:
+    """Whether ``future`` is a plain result the driver holds that no worker keeps yet."""
+    if type(future) is not CallFuture or future.held is NOT_HELD:
+        return False
+    kept = future.promoted
+    return kept is None or not kept.done() or kept.cancelled() or kept.exception() is not None
 
 
 def _nested_futures(values: Any) -> list[Future]:

@@ -7,8 +7,9 @@ only translates Dask's transports into calls and their outcomes back:
 
 - **Dask's comm** (the direct path's default): the driver's message reaches a handler
   this plugin adds to the worker (``hf_call`` and friends); a non-blocking call's result
-  stays in this worker's memory, registered with the scheduler as an ordinary Dask key,
-  a blocking one's goes back in the reply;
+  stays in this worker's memory, registered with the scheduler as an ordinary Dask key
+  (a plain one goes back in the reply instead, kept here only once the driver asks:
+  ``hf_keep``), a blocking one's goes back in the reply;
 - **the socket lane** (``lane_server``): blocking calls without future inputs, answered
   from the instance's thread, no event loop involved;
 - **Dask tasks** (``hybridflow.call-path: task``): see ``tasks``.
@@ -94,6 +95,7 @@ class InstancesPlugin(WorkerPlugin):
         self._ops: dict[str, Callable[..., Any]] = {
             "hf_create": self.handle_create,
             "hf_call": self.handle_call,
+            "hf_keep": self.handle_keep,
             "hf_destroy": self.handle_destroy,
             "hf_skip": _as_coroutine(self.handle_skip),
             "hf_port": _as_coroutine(self.handle_port),
@@ -172,15 +174,21 @@ class InstancesPlugin(WorkerPlugin):
         async def deliver(value: Any) -> tuple[dict, int]:
             if not keep:
                 return {"status": "OK", "result": _payload(value, call)}, 0
+            if is_plain(value):  # the driver holds it (no key here until it asks: hf_keep)
+                return {"status": "OK", "value": value}, 0
             nbytes = await self._registrar.keep(key, value, client)
-            if is_plain(value):  # the driver keeps a copy: gathering it costs no fetch
-                return {"status": "OK", "nbytes": nbytes, "value": value}, nbytes
             return {"status": "OK", "nbytes": nbytes}, nbytes
 
         try:
             return await self.instances.serve(call, self._resolve, deliver)
         except BaseException as exc:
             return _error_reply(exc)
+
+    async def handle_keep(self, key: str, value: Any, client: str) -> dict:
+        """Keep a plain result the driver held under its call's key, for ``client``:
+        another process needs it now (as a later call's or a task's input)."""
+        await self._registrar.keep(key, value, client)
+        return {"status": "OK"}
 
     async def handle_destroy(self, instance: str, driver: str, seq: int) -> dict:
         await asyncio.wrap_future(self.instances.close(instance, driver, seq))

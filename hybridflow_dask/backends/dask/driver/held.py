@@ -1,0 +1,52 @@
+"""Plain results of non-blocking calls, held by the driver instead of a worker.
+
+A non-blocking call whose method returns ``None``, a bool, a number or a short string
+sends that value back with its reply, and the worker keeps nothing: no Dask key, so the
+scheduler does no work to register it and later release it. That bookkeeping was most of
+what a burst of non-blocking control calls cost the driver, whose process also runs an
+owned cluster's scheduler. Such a result becomes a Dask key only once another process
+needs it: passed to a later call or task, it is first handed back to the worker that made
+it (``DirectPath.promote``), so everything downstream sees an ordinary Dask key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from distributed import Future
+
+from ..internals import wait_future
+
+__all__ = ["NOT_HELD", "CallFuture"]
+
+#: A ``CallFuture``'s ``held`` until (unless) its plain value comes back with its reply.
+NOT_HELD: Any = object()
+
+
+class CallFuture(Future):
+    """The future of one rank of a non-blocking direct call.
+
+    Its value is either on a worker under its key, as for any Dask future, or, when it is
+    plain, ``held`` here (not a Dask key until ``promoted``). ``result()`` answers either
+    way; Dask's own functions (``Client.gather``, ``Client.submit``) know only the first
+    kind: pass these futures to ``hf.get``, the backend, or a later call instead.
+    """
+
+    __slots__ = ("held", "promoted")
+
+    def __init__(self, key: str, client: Any) -> None:
+        super().__init__(key, client)
+        self.held: Any = NOT_HELD
+        #: The hand-over of a held value to its worker, once started (the client's loop).
+        self.promoted: asyncio.Future | None = None
+
+    def result(self, timeout: float | None = None) -> Any:
+        if not self.done() and not self.client.sync(wait_future, self, timeout):
+            raise TimeoutError(f"{self.key} was not done within {timeout}s")
+        if self.held is not NOT_HELD:
+            return self.held
+        return super().result(timeout)
+
+    def __reduce__(self) -> Any:  # elsewhere it is an ordinary Dask future of the key
+        return Future, (self.key,)
