@@ -345,3 +345,36 @@ def test_fetching_a_key_held_elsewhere_asks_the_borrower_first_then_dask(hf_dask
         got = client.run(_fetch, key, answer, workers=workers[1:2])[workers[1]]
         assert got == ({key: expected}, [(workers[0], [key])])
     del future
+
+
+def test_released_futures_are_forgotten_in_one_batch_and_kept_keys_by_the_scheduler_too(
+    hf_dask_backend,
+):
+    from distributed import Future
+
+    from hybridflow_dask.backends.dask.internals import Releases
+
+    client = hf_dask_backend.client
+    workers = sorted(workers_of(client))
+    kept = "canary.released-kept-0123456789abcdef0123456789ab"
+    local = "canary.released-local-0123456789abcdef0123456789a"
+    client.run(_keep, kept, client.id, workers=workers[:1])
+    releases = Releases(client)
+    futures = {key: Future(key, client) for key in (kept, local)}
+
+    def scheduler_knows(dask_scheduler, key=kept):
+        return key in dask_scheduler.tasks
+
+    assert client.run_on_scheduler(scheduler_knows)
+    releases.release(futures[kept], local=False)
+    releases.release(futures[local], local=True)
+    releases.release(futures[local], local=True)  # once only, as Future.release
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and (
+        client.run_on_scheduler(scheduler_knows) or set(client.refcount) & set(futures)
+    ):
+        time.sleep(0.02)
+    assert not set(client.refcount) & set(futures), "the client still counts references"
+    assert not set(client.futures) & set(futures), "the client still holds their states"
+    assert not client.run_on_scheduler(scheduler_knows), "the scheduler kept the released key"
+    assert futures[kept].status == "cancelled"  # Dask's own release marks it so too

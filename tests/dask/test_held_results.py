@@ -77,8 +77,14 @@ def test_a_held_result_given_to_a_later_call_is_kept_first_by_the_worker_that_ma
     hf.get(made)  # held in the driver now
     # rank i of the consumer reads rank (1 - i)'s result: a value from the other process
     assert group.plus_one([made[1], made[0]]) == [11, 1]
-    known = _known_to_scheduler(group.backend, [f.key for f in made])
+    keys = [f.key for f in made]
+    known = _known_to_scheduler(group.backend, keys)
     assert known == {f.key: [w.slot.address] for f, w in zip(made, group.workers)}
+    del made  # dropped: the workers let them go, as any released Dask key
+    deadline = time.monotonic() + 10
+    while _known_to_scheduler(group.backend, keys) and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert _known_to_scheduler(group.backend, keys) == {}
 
 
 def test_a_result_still_in_flight_given_to_a_later_call_arrives_as_its_value(group):

@@ -7,14 +7,16 @@ what ``Client.scatter`` does inside a task), a driver-side ``Future`` for a key 
 computed yet whose outcome we set ourselves (the client's ``FutureState``), and pulling a
 key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
 needs a future that travelled inside an argument to work in the worker's client
-(``Client._send_to_scheduler``). The driver's own streams and, on a cluster it starts,
-the scheduler's keep shorter logs of recent messages (``cap_message_log``). On the
-scheduler, the dashboard page reads the published datasets, draws calls in Dask's task
-stream and adds a tab to Dask's navigation bar; an owned cluster overrides two
-``SpecCluster`` methods. The list of workers is asked of the scheduler itself
-(``workers_of``): the client's cached answer races the client's own refresh.
-``tests/dask/test_dask_internals.py`` exercises each one for real and fails loudly when
-a Dask release changes it; ``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
+(``Client._send_to_scheduler``). Released futures of calls are forgotten by the client
+in batches (``Releases``: the client's reference counts). The driver's own streams and,
+on a cluster it starts, the scheduler's keep shorter logs of recent messages
+(``cap_message_log``). On the scheduler, the dashboard page reads the published
+datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
+owned cluster overrides two ``SpecCluster`` methods. The list of workers is asked of the
+scheduler itself (``workers_of``): the client's cached answer races the client's own
+refresh. ``tests/dask/test_dask_internals.py`` exercises each one for real and fails
+loudly when a Dask release changes it; ``pyproject.toml`` bounds ``distributed`` to the
+versions it passed on.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ from distributed.diagnostics.task_stream import TaskStreamPlugin
 from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
+    "Releases",
     "add_dashboard_page",
     "add_handlers",
     "adopt_future",
@@ -249,6 +252,56 @@ def reset_comm(comm: Any) -> None:
 def pending_future(client: Any, key: str) -> Future:
     """A driver-side ``Future`` for ``key`` that nothing computes yet: we set its outcome."""
     return Future(key, client)
+
+
+class Releases:
+    """Releases of ``client``'s futures, carried out on its loop in batches.
+
+    Dask's ``Future.release`` wakes the client's loop once per future (a write to the
+    loop's self-pipe, then a callback that sends the scheduler a message): dropping a
+    burst of non-blocking calls' futures cost the driver more than making them. Here one
+    wake-up releases every future dropped meanwhile, with one message to the scheduler;
+    a key the scheduler never knew (``local``: a plain result the driver held) is
+    forgotten by the client alone. Safe from any thread and from ``__del__`` (no lock is
+    taken on the caller's side).
+    """
+
+    def __init__(self, client: Any) -> None:
+        self._client = client
+        self._pending: collections.deque[tuple[str, bool]] = collections.deque()
+        self._scheduled = False
+
+    def release(self, future: Future, *, local: bool) -> None:
+        """What ``Future.release`` does, batched (the same once-only and stale-client checks)."""
+        client = self._client
+        if future._cleared or client.generation != future._generation:
+            return
+        future._cleared = True
+        self._pending.append((future.key, local))
+        if not self._scheduled:
+            self._scheduled = True
+            with contextlib.suppress(TypeError, RuntimeError):  # the loop is closing
+                client.loop.add_callback(self._flush)
+
+    def _flush(self) -> None:
+        self._scheduled = False  # (before taking the batch: a release after it schedules again)
+        pending, client = self._pending, self._client
+        batch = [pending.popleft() for _ in range(len(pending))]
+        gone: list[str] = []
+        with client._refcount_lock:
+            for key, local in batch:
+                client.refcount[key] -= 1
+                if client.refcount[key] == 0:
+                    del client.refcount[key]
+                    state = client.futures.pop(key, None)
+                    if state is not None:
+                        state.cancel()
+                    if not local:
+                        gone.append(key)
+        if gone and client.status != "closed":
+            client._send_to_scheduler(
+                {"op": "client-releases-keys", "keys": gone, "client": client.id}
+            )
 
 
 def submit_as(

@@ -43,6 +43,7 @@ from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import call_timeout, unreachable_timeout
 from ..internals import (
+    Releases,
     fail_future,
     finish_future,
     future_state,
@@ -142,6 +143,7 @@ class DirectPath:
         self._lanes_lock = threading.Lock()
         self._same_host_copy = same_host_copy
         self._closed = False
+        self._releases = Releases(client)
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
         self._outbox: list[_Message] = []
@@ -284,7 +286,7 @@ class DirectPath:
         if replies is not None:
             future: Any = RankReply(key, replies, index)
         else:
-            future = CallFuture(key, self.client)
+            future = CallFuture(key, self.client, self._releases)
             self.expect(key)
         msg = common.copy()
         msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, key

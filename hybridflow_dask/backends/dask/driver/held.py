@@ -16,7 +16,7 @@ from typing import Any
 
 from distributed import Future
 
-from ..internals import wait_future
+from ..internals import Releases, wait_future
 
 __all__ = ["NOT_HELD", "CallFuture"]
 
@@ -33,10 +33,11 @@ class CallFuture(Future):
     kind: pass these futures to ``hf.get``, the backend, or a later call instead.
     """
 
-    __slots__ = ("held", "promoted")
+    __slots__ = ("_releases", "held", "promoted")
 
-    def __init__(self, key: str, client: Any) -> None:
+    def __init__(self, key: str, client: Any, releases: Releases) -> None:
         super().__init__(key, client)
+        self._releases = releases
         self.held: Any = NOT_HELD
         #: The hand-over of a held value to its worker, once started (the client's loop).
         self.promoted: asyncio.Future | None = None
@@ -47,6 +48,11 @@ class CallFuture(Future):
         if self.held is not NOT_HELD:
             return self.held
         return super().result(timeout)
+
+    def release(self) -> None:
+        """Dropped (also by the garbage collector): released with others in one batch,
+        and without a word to the scheduler while no worker keeps the value."""
+        self._releases.release(self, local=self.held is not NOT_HELD and self.promoted is None)
 
     def __reduce__(self) -> Any:  # elsewhere it is an ordinary Dask future of the key
         return Future, (self.key,)
