@@ -6,7 +6,7 @@ scheduler does no work to register it and later release it. That bookkeeping was
 what a burst of non-blocking control calls cost the driver, whose process also runs an
 owned cluster's scheduler. Such a result becomes a Dask key only once another process
 needs it: passed to a later call or task, it is first handed back to the worker that made
-it (``DirectPath.promote``), so everything downstream sees an ordinary Dask key.
+it (``DirectPath._promote``), so everything downstream sees an ordinary Dask key.
 """
 
 from __future__ import annotations
