@@ -30,6 +30,10 @@ class Producer(hf.Worker):
     def plus_one_later(self, value: int) -> int:
         return value + 1
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def sum_of(self, values: list) -> int:
+        return sum(values)
+
     @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
     def sleep_then(self, seconds: float) -> int:
         time.sleep(seconds)
@@ -91,6 +95,12 @@ def test_a_result_still_in_flight_given_to_a_later_call_arrives_as_its_value(gro
     made = group.rank_times(7)  # not waited for: the consumer's messages wait on the loop
     later = group.plus_one_later(list(made))
     assert hf.get(later) == [1, 8]
+
+
+def test_held_results_inside_a_list_argument_arrive_as_their_values(group):
+    made = group.rank_times(5)
+    hf.get(made)
+    assert group.sum_of(list(made)) == [5, 5]
 
 
 def test_a_held_result_is_an_input_of_a_task_like_any_dask_future(group):
