@@ -417,7 +417,7 @@ class DirectPath:
         is submitted from the loop once they all are, into the future handed out now."""
         with self._lock:
             unknown = [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
-        if not unknown and not any(map(_unkept, futures)):
+        if not unknown and not any(type(f) is CallFuture and f.unkept() for f in futures):
             return submit(None)
         future = pending_future(self.client, task_key(label))
         self.expect(future.key)
@@ -815,14 +815,6 @@ class _Shared:
     def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
         self.args, self.kwargs, self.made = args, kwargs, made
         return made
-
-
-def _unkept(future: Any) -> bool:
-    """Whether ``future`` is a plain result the driver holds that no worker keeps yet."""
-    if type(future) is not CallFuture or future.held is NOT_HELD:
-        return False
-    kept = future.promoted
-    return kept is None or not kept.done() or kept.cancelled() or kept.exception() is not None
 
 
 def _nested_futures(values: Any) -> list[Future]:

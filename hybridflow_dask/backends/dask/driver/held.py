@@ -49,6 +49,13 @@ class CallFuture(Future):
             return self.held
         return super().result(timeout)
 
+    def unkept(self) -> bool:
+        """Whether the value is held here and no worker keeps it yet."""
+        if self.held is NOT_HELD:
+            return False
+        kept = self.promoted
+        return kept is None or not kept.done() or kept.cancelled() or kept.exception() is not None
+
     def release(self) -> None:
         """Dropped (also by the garbage collector): released with others in one batch,
         and without a word to the scheduler while no worker keeps the value."""
