@@ -56,7 +56,7 @@ from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, same_arguments
 from .channel import Channel
-from .held import NOT_HELD, CallFuture
+from .held import NOT_HELD, CallFuture, holding
 from .lane import Lane
 from .liveness import Liveness, futures_in
 from .replies import RankReply, Replies, ReplyFuture
@@ -413,11 +413,12 @@ class DirectPath:
     ) -> Future:
         """A task on results of non-blocking calls still in flight waits for their keys
         to be registered with the scheduler (which would ignore a task needing unknown
-        keys), and a plain result the driver holds is kept by its worker first: the task
-        is submitted from the loop once they all are, into the future handed out now."""
+        keys), and a plain result the driver holds is kept by its worker first (or was):
+        the task is submitted from the loop once they all are, into the future handed out
+        now."""
         with self._lock:
             unknown = [f for f in futures if isinstance(f, Future) and f.key in self._unknown]
-        if not unknown and not any(type(f) is CallFuture and f.unkept() for f in futures):
+        if not unknown and not holding(futures):
             return submit(None)
         future = pending_future(self.client, task_key(label))
         self.expect(future.key)
@@ -737,11 +738,10 @@ class DirectPath:
         """Plain results among (finished) ``futures`` that the driver holds, kept by the
         workers that made them under their keys (each once), so that another process
         can read them: an input of a later call or task is a Dask key. Loop thread."""
-        for future in futures:
-            if type(future) is CallFuture and future.held is not NOT_HELD:
-                if future.promoted is None:
-                    future.promoted = asyncio.ensure_future(self._keep(future))
-                await asyncio.shield(future.promoted)
+        for future in holding(futures):
+            if future.promoted is None:
+                future.promoted = asyncio.ensure_future(self._keep(future))
+            await asyncio.shield(future.promoted)
 
     async def _keep(self, future: CallFuture) -> None:
         """Have ``future``'s worker keep its held value (a dead worker fails this as it

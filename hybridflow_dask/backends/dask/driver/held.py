@@ -12,13 +12,14 @@ it (``DirectPath._promote``), so everything downstream sees an ordinary Dask key
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterable
 from typing import Any
 
 from distributed import Future
 
 from ..internals import Releases, wait_future
 
-__all__ = ["NOT_HELD", "CallFuture"]
+__all__ = ["NOT_HELD", "CallFuture", "holding"]
 
 #: A ``CallFuture``'s ``held`` until (unless) its plain value comes back with its reply.
 NOT_HELD: Any = object()
@@ -49,13 +50,6 @@ class CallFuture(Future):
             return self.held
         return super().result(timeout)
 
-    def unkept(self) -> bool:
-        """Whether the value is held here and no worker keeps it yet."""
-        if self.held is NOT_HELD:
-            return False
-        kept = self.promoted
-        return kept is None or not kept.done() or kept.cancelled() or kept.exception() is not None
-
     def release(self) -> None:
         """Dropped (also by the garbage collector): released with others in one batch,
         and without a word to the scheduler while no worker keeps the value."""
@@ -63,3 +57,9 @@ class CallFuture(Future):
 
     def __reduce__(self) -> Any:  # elsewhere it is an ordinary Dask future of the key
         return Future, (self.key,)
+
+
+def holding(futures: Iterable[Any]) -> list[CallFuture]:
+    """The futures among ``futures`` whose plain value the driver holds (kept by a
+    worker too once ``promoted``)."""
+    return [f for f in futures if type(f) is CallFuture and f.held is not NOT_HELD]
