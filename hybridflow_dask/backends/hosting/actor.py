@@ -41,7 +41,12 @@ from ..base import InstanceRef
 from .environment import EnvGate
 from .failures import annotate_error
 
-__all__ = ["MAX_CONCURRENCY", "Actor", "release_device_memory"]
+__all__ = ["MAX_CONCURRENCY", "Actor", "Done", "release_device_memory", "settle_future"]
+
+#: What a call's outcome is handed to, once: ``done(value, None)`` or ``done(None, error)``.
+#: Called in the instance's thread as the method returns (before its next call starts), or
+#: in the submitting thread when the call is refused at once.
+Done = Callable[[Any, "BaseException | None"], None]
 
 #: How many coroutine calls of one instance may run at once (Ray's default for async actors).
 MAX_CONCURRENCY = 1000
@@ -96,6 +101,10 @@ class Actor:
         #: code: Dask's ``get_worker()``, the worker's log page).
         self._enter = enter
         self.env = dict(env)
+        self._env_key = frozenset(self.env.items())
+        #: Held by this actor's thread except while the gate admits it (see ``EnvGate``).
+        self._turn = threading.Lock()
+        self._turn.acquire()
         self.obj: Any = None
         self._gate = gate
         self._orders: dict[str, _Order] = {}
@@ -109,6 +118,34 @@ class Actor:
 
     # -- what the table asks ----------------------------------------------------------------
 
+    def post(
+        self,
+        driver: str,
+        seq: int,
+        job: Callable[[Actor], Any],
+        done: Done,
+        deadline: float | None = None,
+    ) -> None:
+        """Run ``job`` (given the instance) at its turn; its outcome goes to ``done``.
+
+        A call whose number was skipped (before or after it arrived) never runs: the
+        driver has reported it failed. Nor does one whose ``deadline`` (``time.time()``,
+        the driver's call-timeout) passed before its turn came: the driver reports it
+        failed at that moment, without waiting for word from here.
+        """
+        with self._cond:
+            if self._closing:
+                error: BaseException = self._gone()
+            else:
+                order = self._order(driver)
+                if seq < order.next or seq in order.skipped:
+                    error = self._withdrawn(seq)
+                else:
+                    order.waiting[seq] = (job, done, deadline, seq, order)
+                    self._cond.notify()
+                    return
+        done(None, error)
+
     def submit(
         self,
         driver: str,
@@ -116,24 +153,10 @@ class Actor:
         job: Callable[[Actor], Any],
         deadline: float | None = None,
     ) -> concurrent.futures.Future:
-        """Run ``job`` (given the instance) at its turn; the future holds its outcome.
-
-        A call whose number was skipped (before or after it arrived) never runs: the
-        driver has reported it failed. Nor does one whose ``deadline`` (``time.time()``,
-        the driver's call-timeout) passed before its turn came: the driver reports it
-        failed at that moment, without waiting for word from here.
-        """
+        """``post``, its outcome in a future (a job whose future was cancelled before its
+        turn does not run)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        with self._cond:
-            if self._closing:
-                future.set_exception(self._gone())
-                return future
-            order = self._order(driver)
-            if seq < order.next or seq in order.skipped:
-                future.set_exception(self._withdrawn(seq))
-                return future
-            order.waiting[seq] = (job, future, deadline, seq, order)
-            self._cond.notify()
+        self.post(driver, seq, job, _FutureOutcome(future), deadline)
         return future
 
     def skip(self, driver: str, seq: int) -> bool:
@@ -146,7 +169,7 @@ class Actor:
             order.skipped.add(seq)
             entry = order.waiting.get(seq)
             if entry is not None and entry is not _SKIP:
-                entry[1].set_exception(self._withdrawn(seq))
+                entry[1](None, self._withdrawn(seq))
             order.waiting[seq] = _SKIP
             self._cond.notify()
             return True
@@ -172,15 +195,16 @@ class Actor:
                 entry = self._cond.wait_for(self._next_job)
             if entry is _CLOSE:
                 return
-            job, future, deadline, seq, order = entry
+            job, done, deadline, seq, order = entry
             if job is _CLOSE:
-                self._finish_close(future)
+                self._finish_close(done)
                 return
-            if future.set_running_or_notify_cancel():
-                self._run(job, future, deadline, seq, order)
+            wanted = getattr(done, "wanted", None)  # a future cancelled meanwhile: not run
+            if wanted is None or wanted():
+                self._run(job, done, deadline, seq, order)
             # Nothing of this call (its inputs, its result) may stay referenced from this
             # frame while the thread waits for the next one.
-            entry = job = future = None
+            entry = job = done = None
 
     def _next_job(self) -> Any:
         if self._closing:
@@ -194,41 +218,47 @@ class Actor:
     def _run(
         self,
         job: Callable[[Actor], Any],
-        future: concurrent.futures.Future,
+        done: Done,
         deadline: float | None,
         seq: int,
         order: _Order,
     ) -> None:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
+        gate = self._gate
+        gate.enter(self._env_key, self.env, self._turn)  # waiting here for another env is queue
         try:
-            with self._gate.use(self.env):  # waiting here for another environment is queue
-                # Checked last thing before the method starts: its turn may have come after
-                # its deadline, or the process may have been stopped meanwhile.
-                if deadline is not None and time.time() >= deadline:
-                    with self._cond:  # so that a later withdrawal hears it did not run
-                        order.skipped.add(seq)
-                    future.set_exception(self._late(seq))
-                    return
+            # Checked last thing before the method starts: its turn may have come after
+            # its deadline, or the process may have been stopped meanwhile.
+            if deadline is not None and time.time() >= deadline:
+                with self._cond:  # so that a later withdrawal hears it did not run
+                    order.skipped.add(seq)
+                late: BaseException | None = self._late(seq)
+            else:
+                late = None
                 if record is not None:
                     record.start = time.time()
                 result = job(self)
         except BaseException as exc:  # the method's own error, annotated by the job
+            gate.leave()
             _stopped(record)
-            future.set_exception(exc)
+            done(None, exc)
             return
-        if inspect.isawaitable(result):
-            self._start_coroutine(result, future, job)
+        gate.leave()
+        if late is not None:
+            done(None, late)
+        elif result is not None and inspect.isawaitable(result):
+            self._start_coroutine(result, done, job)
         else:
             _stopped(record)
-            _settle(future, job, result)
+            _settle(done, job, result)
 
-    def _finish_close(self, future: concurrent.futures.Future) -> None:
+    def _finish_close(self, done: Done) -> None:
         with self._cond:
             self._drop_waiting()
         self._stop_loop()
         self.obj = None
         release_device_memory()
-        future.set_result(None)
+        done(None, None)
 
     # -- the instance's event loop ----------------------------------------------------------
 
@@ -260,7 +290,7 @@ class Actor:
         self._loop_thread.start()
         ready.wait()
 
-    def _start_coroutine(self, awaitable: Any, future: concurrent.futures.Future, job: Any) -> None:
+    def _start_coroutine(self, awaitable: Any, done: Done, job: Any) -> None:
         """Hand a coroutine to the instance's loop and wait until its body has run to its
         first ``await`` (or to its end): the instance's next call starts after that, as on
         a Ray async actor. Only then do calls overlap."""
@@ -272,22 +302,22 @@ class Actor:
             assert self._slots is not None
             try:
                 async with self._slots:
-                    gated = _Gated(awaitable, lambda: self._gate.use(self.env), stepped.set)
+                    gated = _Gated(awaitable, self._gate, self._env_key, self.env, stepped.set)
                     return await gated
             finally:
                 stepped.set()  # (cancelled before its first step)
 
-        def done(task: concurrent.futures.Future) -> None:
+        def ended(task: concurrent.futures.Future) -> None:
             _stopped(getattr(job, "record", None))
             try:
                 result = task.result()
             except BaseException as exc:
-                future.set_exception(annotate_error(exc, self.ref, method))
+                done(None, annotate_error(exc, self.ref, method))
             else:
-                _settle(future, job, result)
+                _settle(done, job, result)
 
         assert self._loop is not None
-        asyncio.run_coroutine_threadsafe(run(), self._loop).add_done_callback(done)
+        asyncio.run_coroutine_threadsafe(run(), self._loop).add_done_callback(ended)
         stepped.wait()
 
     def _stop_loop(self) -> None:
@@ -307,7 +337,7 @@ class Actor:
         for order in self._orders.values():
             for entry in order.waiting.values():
                 if entry is not _SKIP:
-                    entry[1].set_exception(self._gone())
+                    entry[1](None, self._gone())
             order.waiting.clear()
 
     def _order(self, driver: str) -> _Order:
@@ -341,7 +371,7 @@ def _stopped(record: Any) -> None:
         record.stop = time.time()
 
 
-def _settle(future: concurrent.futures.Future, job: Any, result: Any) -> None:
+def _settle(done: Done, job: Any, result: Any) -> None:
     """The job's outcome as its caller gets it: ``job.capture(result)`` where the job
     says what to keep of its result (a snapshot), taken before the next call runs."""
     capture = getattr(job, "capture", None)
@@ -349,9 +379,35 @@ def _settle(future: concurrent.futures.Future, job: Any, result: Any) -> None:
         try:
             result = capture(result)
         except BaseException as exc:
-            future.set_exception(exc)
+            done(None, exc)
             return
-    future.set_result(result)
+    done(result, None)
+
+
+class _FutureOutcome:
+    """A ``Done`` that settles a future; a job whose future was cancelled is not run."""
+
+    __slots__ = ("future",)
+
+    def __init__(self, future: concurrent.futures.Future) -> None:
+        self.future = future
+
+    def wanted(self) -> bool:
+        return self.future.set_running_or_notify_cancel()
+
+    def __call__(self, value: Any, error: BaseException | None) -> None:
+        settle_future(self.future, value, error)
+
+
+def settle_future(
+    future: concurrent.futures.Future, value: Any, error: BaseException | None
+) -> None:
+    """``future``'s outcome, unless it was cancelled meanwhile (nobody waits for it)."""
+    with contextlib.suppress(concurrent.futures.InvalidStateError):
+        if error is not None:
+            future.set_exception(error)
+        else:
+            future.set_result(value)
 
 
 class _Gated:
@@ -359,10 +415,15 @@ class _Gated:
     ``stepped`` is called once its first step is over (it awaits, or it ended)."""
 
     def __init__(
-        self, awaitable: Any, use_env: Callable[[], Any], stepped: Callable[[], None]
+        self,
+        awaitable: Any,
+        gate: EnvGate,
+        key: frozenset,
+        env: dict[str, str],
+        stepped: Callable[[], None],
     ) -> None:
         self._it = awaitable.__await__()
-        self._use_env = use_env
+        self._gate, self._key, self._env = gate, key, env
         self._stepped = stepped
 
     def __await__(self) -> Any:
@@ -370,11 +431,13 @@ class _Gated:
         error: BaseException | None = None
         while True:
             try:
-                with self._use_env():
-                    try:
-                        step = self._it.throw(error) if error is not None else self._it.send(value)
-                    except StopIteration as stop:
-                        return stop.value
+                self._gate.enter(self._key, self._env)  # (a new turn: steps may overlap)
+                try:
+                    step = self._it.throw(error) if error is not None else self._it.send(value)
+                except StopIteration as stop:
+                    return stop.value
+                finally:
+                    self._gate.leave()
             finally:
                 self._stepped()
             try:

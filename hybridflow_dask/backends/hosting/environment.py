@@ -69,6 +69,9 @@ class EnvGate:
     every waiter behind it that wants the same variables): many instances taking turns
     (light ranks, each with its own ``RANK``) cost one wake-up per call, not one per
     waiting thread, and a new caller never overtakes the queue.
+
+    ``enter``/``leave`` rather than a context manager: they run around every call, where
+    a generator-based ``with`` costs more than the rest of the gate together.
     """
 
     def __init__(self) -> None:
@@ -76,48 +79,53 @@ class EnvGate:
         self._switch = EnvSwitch()
         self._current: frozenset | None = None
         self._active = 0
-        self._waiting: collections.deque[tuple[frozenset, dict[str, str], threading.Event]] = (
+        self._waiting: collections.deque[tuple[frozenset, dict[str, str], threading.Lock]] = (
             collections.deque()
         )
 
-    @contextlib.contextmanager
-    def use(self, env: dict[str, str]) -> Iterator[None]:
-        wanted = frozenset(env.items())
-        with self._lock:
-            turn = None
-            if not self._waiting and (self._active == 0 or self._current == wanted):
-                self._enter(wanted, env)
-            else:
-                turn = threading.Event()
-                self._waiting.append((wanted, env, turn))
-        if turn is not None:
-            turn.wait()  # admitted (and the variables switched) by the last one out
-        try:
-            yield
-        finally:
-            with self._lock:
-                self._active -= 1
-                if self._active == 0 and self._waiting:
-                    self._admit()
+    def enter(
+        self, key: frozenset, env: dict[str, str], turn: threading.Lock | None = None
+    ) -> None:
+        """Put ``env`` (``key``: ``frozenset(env.items())``, made once by its owner) in
+        place, waiting for the calls under other variables to leave; ``leave`` after.
 
-    def _enter(self, wanted: frozenset, env: dict[str, str]) -> None:
-        if self._current != wanted:
+        ``turn``: a lock the caller holds and keeps for its waits (one thread's, reused
+        from call to call: cheaper than a new event each time); ``None``: a new one.
+        """
+        with self._lock:
+            if not self._waiting and (self._active == 0 or self._current == key):
+                self._enter(key, env)
+                return
+            if turn is None:
+                turn = threading.Lock()
+                turn.acquire()
+            self._waiting.append((key, env, turn))
+        turn.acquire()  # released when admitted (the variables already switched)
+
+    def leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if self._active == 0 and self._waiting:
+                self._admit()
+
+    def _enter(self, key: frozenset, env: dict[str, str]) -> None:
+        if self._current != key:
             self._switch.switch(env)
-            self._current = wanted
+            self._current = key
         self._active += 1
 
     def _admit(self) -> None:
         """Let the first waiter in, and every other waiter that wants its variables."""
-        wanted, env, turn = self._waiting.popleft()
-        self._enter(wanted, env)
+        key, env, turn = self._waiting.popleft()
+        self._enter(key, env)
         admitted = [turn]
         rest: collections.deque = collections.deque()
         for waiter in self._waiting:
-            if waiter[0] == wanted:
+            if waiter[0] == key:
                 self._active += 1
                 admitted.append(waiter[2])
             else:
                 rest.append(waiter)
         self._waiting = rest
-        for event in admitted:
-            event.set()
+        for waiter_turn in admitted:
+            waiter_turn.release()

@@ -2,8 +2,9 @@
 
 Whatever carried a call here (a message on Dask's comm, the socket lane, a Dask task, a
 Ray actor call), it is served by ``Instances.serve`` (transports with an event loop) or
-``Instances.serve_now`` (a thread that must not wait), and both take the same steps, each
-decided only here:
+``Instances.serve_then`` (a thread that must not wait: the outcome is handed to a
+callback; ``serve_now`` puts it in a future), and both take the same steps, each decided
+only here:
 
 1. **look-up**: the instance must live in this process (a destroyed one fails at once);
 2. **deadline**: a call whose driver's ``call-timeout`` passed is refused before anything
@@ -33,7 +34,7 @@ from typing import Any, Literal, Protocol
 
 from ...errors import CallTimeoutError
 from ..base import InstanceRef
-from .actor import Actor
+from .actor import Actor, Done, settle_future
 from .copies import CopyPolicy
 from .environment import EnvGate
 from .failures import sendable
@@ -255,7 +256,9 @@ class Instances:
         except BaseException as exc:
             raise self._refused(actor, call, record, exc) from None
         try:
-            result = await asyncio.wrap_future(self._start(actor, call, record, resolved))
+            invoke = self._invoke(actor, call, record, resolved)
+            started = actor.submit(call.driver, call.seq, invoke, call.deadline)
+            result = await asyncio.wrap_future(started)
             value, nbytes = await deliver(result)
         except BaseException as exc:
             self.log.end(record, exc)
@@ -263,44 +266,58 @@ class Instances:
         self.log.end(record, nbytes=nbytes)
         return value
 
+    def serve_then(
+        self,
+        call: Call,
+        resolve: Callable[[tuple, dict], Resolved],
+        deliver: Callable[[Any], Any] | None,
+        answer: Done,
+    ) -> None:
+        """Serve ``call`` from a thread that must not wait for it (a lane's reader):
+        ``answer(value, error)`` gets what ``deliver`` made of the result, in the
+        instance's thread as the method returns (before its next call), or the sendable
+        error (at once, in this thread, when the call is refused before it is queued)."""
+        try:
+            actor = self.actor(call.instance)
+        except LookupError as exc:
+            answer(None, exc)
+            return
+        log = self.log
+        record = log.begin(actor.ref, call.key, call.method, call.path)
+        try:
+            self._check_deadline(call, actor)
+            resolved = resolve(call.args, call.kwargs)
+        except BaseException as exc:
+            answer(None, self._refused(actor, call, record, exc))
+            return
+
+        def finish(result: Any, error: BaseException | None) -> None:
+            if error is None and deliver is not None:
+                try:
+                    result = deliver(result)
+                except BaseException as exc:
+                    error = exc
+            if error is not None:
+                log.end(record, error)
+                answer(None, sendable(error))
+            else:
+                log.end(record)
+                answer(result, None)
+
+        invoke = self._invoke(actor, call, record, resolved)
+        actor.post(call.driver, call.seq, invoke, finish, call.deadline)
+
     def serve_now(
         self,
         call: Call,
         resolve: Callable[[tuple, dict], Resolved],
         deliver: Callable[[Any], Any] | None = None,
     ) -> concurrent.futures.Future:
-        """Serve ``call`` from a thread that must not wait for it (a lane's reader, a
-        task): the future holds what ``deliver`` made of the result, in the instance's
-        thread as the method returns (before its next call), or the sendable error."""
+        """``serve_then``, its outcome in a future (a task, a Ray actor call)."""
         outcome: concurrent.futures.Future = concurrent.futures.Future()
-        try:
-            actor = self.actor(call.instance)
-        except LookupError as exc:
-            outcome.set_exception(exc)
-            return outcome
-        record = self.log.begin(actor.ref, call.key, call.method, call.path)
-        try:
-            self._check_deadline(call, actor)
-            resolved = resolve(call.args, call.kwargs)
-        except BaseException as exc:
-            outcome.set_exception(self._refused(actor, call, record, exc))
-            return outcome
-
-        def finish(done: concurrent.futures.Future) -> None:
-            error = done.exception()
-            if error is None:
-                try:
-                    value = done.result() if deliver is None else deliver(done.result())
-                except BaseException as exc:
-                    error = exc
-            if error is not None:
-                self.log.end(record, error)
-                outcome.set_exception(sendable(error))
-            else:
-                self.log.end(record)
-                outcome.set_result(value)
-
-        self._start(actor, call, record, resolved).add_done_callback(finish)
+        self.serve_then(
+            call, resolve, deliver, lambda value, error: settle_future(outcome, value, error)
+        )
         return outcome
 
     def _own_inputs(
@@ -338,12 +355,11 @@ class Instances:
         self.log.end(record, exc)
         return sendable(exc)
 
-    def _start(
-        self, actor: Actor, call: Call, record: Any, resolved: Resolved
-    ) -> concurrent.futures.Future:
+    def _invoke(self, actor: Actor, call: Call, record: Any, resolved: Resolved) -> Invoke:
+        """The job that runs ``call``: its own inputs, its result snapshotted if it
+        outlives the method's return."""
         args, kwargs = self._own_inputs(actor, call, record, resolved)
         snapshot = call.result == "later" or (call.result == "kept" and not call.share)
-        invoke = Invoke(
+        return Invoke(
             call.method, args, kwargs, copy=self.copy if snapshot else None, record=record
         )
-        return actor.submit(call.driver, call.seq, invoke, call.deadline)

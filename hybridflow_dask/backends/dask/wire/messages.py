@@ -32,6 +32,7 @@ __all__ = [
     "Framed",
     "LaneLimits",
     "is_plain",
+    "may_have_frames",
     "message_size",
     "own_framed",
     "pack",
@@ -139,7 +140,7 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     ``LEAVE_MIN`` bytes and more are not written, only their addresses. They are returned:
     the caller keeps them alive, and unchanged, until the reader says it has copied them.
     """
-    if not _may_have_frames(msg):
+    if not may_have_frames(msg):
         body = pickle.dumps(msg, protocol=pickle.HIGHEST_PROTOCOL)
         write(_HEAD.pack(len(body), 0) + body)
         return []
@@ -172,7 +173,7 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     return [frame for frame, keep in zip(frames, left) if keep]
 
 
-def _may_have_frames(msg: dict) -> bool:
+def may_have_frames(msg: dict) -> bool:
     """Whether a value of ``msg`` is serialized (frames) or a list (a batch's parts).
     (A loop: on the path of every call, where a generator costs a few µs more.)"""
     for value in msg.values():  # noqa: SIM110 (the generator is what this avoids)

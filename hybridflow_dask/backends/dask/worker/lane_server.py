@@ -38,7 +38,7 @@ from ..wire.lane_protocol import (
     nodelay,
     open_as_worker,
 )
-from ..wire.messages import LaneLimits, read_message, write_message
+from ..wire.messages import LaneLimits, may_have_frames, read_message, write_message
 from ..wire.tls import TLSChannel
 
 __all__ = ["LaneServer"]
@@ -240,6 +240,15 @@ class LaneServer:
         leave_in_place = False
 
         def reply(answer: dict) -> None:
+            if not (leave_in_place and may_have_frames(answer)):  # none can stay in memory
+                try:
+                    with write_lock:
+                        write_message(conn.sendall, answer)
+                except OSError as exc:  # the driver went away (or stopped reading)
+                    logger.debug("lane reply not sent: %r", exc)
+                    drop(conn)
+                return
+            # (in the table before it is written: its release may come at once)
             entry = held[answer["id"]] = [threading.Event(), None]
             try:
                 with write_lock:

@@ -28,7 +28,7 @@ import sys
 import threading
 import weakref
 from collections.abc import Callable
-from typing import Any, Literal, cast
+from typing import Any, Literal
 
 from distributed.comm import CommClosedError
 from distributed.core import Status
@@ -323,15 +323,13 @@ class InstancesPlugin(WorkerPlugin):
         ident = msg["id"]
         call = _lane_call_of(msg, msg, "now")
 
-        def answer(done: concurrent.futures.Future) -> None:
-            error = done.exception()
+        def answer(value: Any, error: BaseException | None) -> None:
             if error is not None:
                 reply(_lane_error(ident, error))
             else:
-                reply({"id": ident, "status": "OK", "result": done.result()})
+                reply({"id": ident, "status": "OK", "result": value})
 
-        outcome = self.instances.serve_now(call, _unpacked, lambda value: _payload(value, call))
-        outcome.add_done_callback(answer)
+        self.instances.serve_then(call, _unpacked, lambda value: _payload(value, call), answer)
 
     def lane_calls(self, msg: dict, reply: Callable[[dict], None]) -> None:
         """Several ranks' parts of one blocking call (the ranks this process hosts), each
@@ -341,30 +339,32 @@ class InstancesPlugin(WorkerPlugin):
         the arguments all share (``args``/``kwargs`` at the batch's top) reads them from
         frames of its own, so no two instances hold the same objects."""
         parts = msg["calls"]
-        outcomes: list[dict | None] = [None] * len(parts)
+        values: list[Any] = [None] * len(parts)
+        errors: dict[int, BaseException] = {}
         left = [len(parts)]
         lock = threading.Lock()
 
-        def answered(index: int, done: concurrent.futures.Future) -> None:
-            error = done.exception()
-            outcomes[index] = (
-                {"status": "OK", "result": done.result()}
-                if error is None
-                else {"status": "error", "exception": error}
-            )
+        def answered(index: int, value: Any, error: BaseException | None) -> None:
             with lock:
+                if error is None:
+                    values[index] = value
+                else:
+                    errors[index] = error
                 left[0] -= 1
-                last = left[0] == 0
-            if not last:
-                return
-            answers = cast(list[dict], outcomes)
+                if left[0]:
+                    return
             # Every part's value plain: the reply is just the values (no dict per rank to
             # write, read and walk on the way).
-            if all(a["status"] == "OK" and _plain(a["result"]) for a in answers):
-                results = [answer["result"] for answer in answers]
-                reply({"id": msg["id"], "status": "OK", "results": results})
-            else:
-                reply({"id": msg["id"], "status": "OK", "replies": outcomes})
+            if not errors and all(map(_plain, values)):
+                reply({"id": msg["id"], "status": "OK", "results": values})
+                return
+            replies = [
+                {"status": "error", "exception": errors[i]}
+                if i in errors
+                else {"status": "OK", "result": value}
+                for i, value in enumerate(values)
+            ]
+            reply({"id": msg["id"], "status": "OK", "replies": replies})
 
         for index, part in enumerate(parts):
             shared = type(part) is tuple  # (instance, seq, key): the batch's arguments
@@ -373,10 +373,12 @@ class InstancesPlugin(WorkerPlugin):
             # the frames themselves go to the last part: every copy is made before any
             # instance that could change them in place has them.
             resolve = _unpacked if not shared or index == len(parts) - 1 else _unpacked_own
-            outcome = self.instances.serve_now(
-                call, resolve, functools.partial(_payload, call=call)
+            self.instances.serve_then(
+                call,
+                resolve,
+                functools.partial(_payload, call=call),
+                functools.partial(answered, index),
             )
-            outcome.add_done_callback(functools.partial(answered, index))
 
 
 class Registrar:
