@@ -23,12 +23,17 @@ class EnvSwitch:
     one does not (restoring what the process had), so instances sharing a process never
     see each other's extra variables. A variable both set to the same value is left as it
     is: light ranks of one group differ in their rank variables only, and setting a
-    variable (``putenv``) is most of what a switch costs.
+    variable (``putenv``) is most of what a switch costs. What a switch between two
+    environments changes is worked out once and kept (instances take turns: a few pairs).
     """
+
+    #: The most switch plans kept (cleared past it: environments come and go).
+    MAX_PLANS = 256
 
     def __init__(self) -> None:
         self._original: dict[str, str | None] = {}
-        self._values: dict[str, str] = {}  # what this switch put in place
+        self._key: frozenset = frozenset()  # what this switch put in place
+        self._plans: dict[tuple[frozenset, frozenset], _Plan] = {}
 
     @contextlib.contextmanager
     def use(self, env: dict[str, str]) -> Iterator[None]:
@@ -39,22 +44,47 @@ class EnvSwitch:
         finally:
             self.switch({})
 
-    def switch(self, env: dict[str, str]) -> None:
-        """Make ``env`` the extra variables in place, taking back the previous ones."""
-        values = self._values
-        for key in values.keys() - env.keys():
-            original = self._original.pop(key)
-            if original is None:
-                os.environ.pop(key, None)
+    def switch(self, env: dict[str, str], key: frozenset | None = None) -> None:
+        """Make ``env`` the extra variables in place, taking back the previous ones
+        (``key``: ``frozenset(env.items())``, if the caller has it)."""
+        key = frozenset(env.items()) if key is None else key
+        plans = self._plans
+        plan = plans.get((self._key, key))
+        if plan is None:
+            if len(plans) >= self.MAX_PLANS:
+                plans.clear()
+            plan = plans[self._key, key] = _Plan(dict(self._key), env)
+        original, environ = self._original, os.environ
+        for name in plan.restore:
+            value = original.pop(name)
+            if value is None:
+                environ.pop(name, None)
             else:
-                os.environ[key] = original
-        for key, value in env.items():
-            if key not in values:
-                self._original[key] = os.environ.get(key)
-            elif values[key] == value:
-                continue
-            os.environ[key] = value
-        self._values = dict(env)
+                environ[name] = value
+        for name, value in plan.new:
+            original[name] = environ.get(name)
+            environ[name] = value
+        for name, value in plan.changed:
+            environ[name] = value
+        self._key = key
+
+
+class _Plan:
+    """What switching from the variables ``before`` to ``after`` does."""
+
+    __slots__ = ("changed", "new", "restore")
+
+    def __init__(self, before: dict[str, str], after: dict[str, str]) -> None:
+        #: Set before and not after: the process's own value comes back.
+        self.restore = [name for name in before if name not in after]
+        #: Not set before: the process's own value is remembered first.
+        self.new = [(name, value) for name, value in after.items() if name not in before]
+        #: Set before to another value.
+        self.changed = [
+            (name, value)
+            for name, value in after.items()
+            if name in before and before[name] != value
+        ]
 
 
 class EnvGate:
@@ -110,7 +140,7 @@ class EnvGate:
 
     def _enter(self, key: frozenset, env: dict[str, str]) -> None:
         if self._current != key:
-            self._switch.switch(env)
+            self._switch.switch(env, key)
             self._current = key
         self._active += 1
 
