@@ -23,6 +23,8 @@ def check_fits(cls: type, method_name: str, args: tuple, kwargs: dict) -> None:
     """A ``TypeError`` before anything is sent when the method cannot take the arguments
     (unknown or missing keywords, too many positionals, a keyword-only parameter passed
     by position), as its own call would raise on every rank."""
+    if _takes(cls, method_name, len(args), tuple(kwargs)):
+        return
     signature = _call_signature(cls, method_name)
     if signature is None:
         return
@@ -98,6 +100,21 @@ def _future_problem(backend: Any, value: Any) -> str | None:
 
 def _foreign_future(backend: Any, value: Any) -> bool:
     return looks_like_future(value) and not backend.is_future(value)
+
+
+@functools.lru_cache(maxsize=4096)
+def _takes(cls: type, name: str, positional: int, names: tuple[str, ...]) -> bool:
+    """Whether ``cls.name`` takes ``positional`` arguments and keywords ``names`` (or
+    cannot be told): binding looks only at how many and which names, never at values,
+    so each shape of call is bound once, not on every call."""
+    signature = _call_signature(cls, name)
+    if signature is None:
+        return True
+    try:
+        signature.bind(*[None] * positional, **dict.fromkeys(names))
+    except TypeError:
+        return False
+    return True
 
 
 @functools.lru_cache(maxsize=1024)

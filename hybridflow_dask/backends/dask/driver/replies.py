@@ -60,8 +60,9 @@ class Replies:
         self._values: list[Any] = [None] * count
         self._errors: dict[int, BaseException] = {}
         self._lock = threading.Lock()
-        #: Told of every settled rank while someone waits for one rank (``wait_part``).
-        self._changed = threading.Condition(self._lock)
+        #: Told of every settled rank while someone waits for some ranks (``wait_parts``;
+        #: made then: most calls are waited for as a whole).
+        self._changed: threading.Condition | None = None
         self._waiting = 0
         #: Set once every reply is in, or one is a failure.
         self.settled = threading.Event()
@@ -117,7 +118,7 @@ class Replies:
     def _told(self) -> bool:
         """(Lock held, ranks just settled.) Wake whoever waits for some ranks; whether
         the call is over now."""
-        if self._waiting:
+        if self._waiting and self._changed is not None:
             self._changed.notify_all()
         return self.failed or self._left == 0
 
@@ -141,6 +142,8 @@ class Replies:
             return all(done[i] for i in indices) or any(i in errors for i in indices)
 
         with self._lock:
+            if self._changed is None:
+                self._changed = threading.Condition(self._lock)
             self._waiting += 1
             try:
                 return self._changed.wait_for(over, timeout)
