@@ -17,6 +17,7 @@ __all__ = [
     "call_timeout",
     "connect_timeout",
     "device_transfer",
+    "ensure_defaults",
     "freeze_gc",
     "fresh_processes",
     "group_messages",
@@ -34,7 +35,16 @@ __all__ = [
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
 
 with _DEFAULTS.open() as f:
-    dask.config.update_defaults(yaml.safe_load(f))
+    _LOADED = yaml.safe_load(f)
+dask.config.update_defaults(_LOADED)
+
+
+def ensure_defaults() -> None:
+    """Put back the package's defaults where this process's config lost them: a worker
+    forked from a server that imported this module (Dask's ``forkserver`` with it
+    preloaded) has its config replaced by its nanny's, which lacks them when the cluster
+    was made before the driver imported this module. Settings already there stay."""
+    dask.config.update(dask.config.config, _LOADED, priority="old")
 
 
 def call_timeout() -> float | None:

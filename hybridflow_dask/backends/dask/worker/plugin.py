@@ -39,7 +39,7 @@ from distributed.protocol.serialize import Serialized
 from ....protocol.lazy_tensordict import import_now, imported
 from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendable
-from ..config import apply_buffer_cache, freeze_gc
+from ..config import apply_buffer_cache, ensure_defaults, freeze_gc
 from ..internals import add_handlers, dont_reply, enter_worker, fetch_keys, register_keys
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
 from ..wire.keys import InputKey, swap_inputs
@@ -69,6 +69,7 @@ class InstancesPlugin(WorkerPlugin):
     idempotent = True
 
     def setup(self, worker: Any) -> None:
+        ensure_defaults()  # before any setting is read here
         self.worker = worker
         #: A pool has taken this worker (``used_mark``): a fresh-processes driver restarts it.
         self.used = False
