@@ -21,7 +21,7 @@ event they are batched into.
 from __future__ import annotations
 
 import contextlib
-import functools
+import math
 import random
 import threading
 import time
@@ -121,7 +121,7 @@ class CallLog:
                 sample = self._samples.get(what)
                 if sample is None:
                     sample = self._samples[what] = _Sample()
-                sample.offer(functools.partial(self._row, record, stamps, None, nbytes))
+                sample.offer(self._row, record, stamps, None, nbytes)
             else:  # shown by itself; the method's later good calls fold after it
                 self._entries.append(self._row(record, stamps, error, nbytes))
                 self._folds.pop(what, None)
@@ -220,23 +220,38 @@ class _Fold:
 
 class _Sample:
     """Up to ``SAMPLED`` rows of one method's good calls, each call equally likely to be
-    kept (reservoir sampling): the fastest calls of an event are not the ones shown."""
+    kept (reservoir sampling): the fastest calls of an event are not the ones shown.
 
-    __slots__ = ("rows", "seen")
+    Which call is kept next is drawn ahead (Li's "algorithm L": the gap to the next kept
+    call follows from the reservoir's current weight), so a call not kept costs a count
+    and a comparison, not a random number: this runs for every call the worker serves.
+    """
+
+    __slots__ = ("next", "rows", "seen", "weight")
 
     def __init__(self) -> None:
         self.rows: list[list[Any]] = []
         self.seen = 0
+        #: The index (in calls seen) of the next call to keep once the rows are full.
+        self.next = SAMPLED - 1
+        self.weight = 1.0
 
-    def offer(self, row: Callable[[], list[Any]]) -> None:
-        """The call seen now: its ``row()`` is made only when it is kept."""
-        self.seen += 1
-        if len(self.rows) < SAMPLED:
-            self.rows.append(row())
-            return
-        slot = random.randrange(self.seen)
-        if slot < SAMPLED:
-            self.rows[slot] = row()
+    def offer(self, row: Callable[..., list[Any]], *args: Any) -> None:
+        """The call seen now: its ``row(*args)`` is made only when it is kept."""
+        index = self.seen
+        self.seen = index + 1
+        if index < SAMPLED:
+            self.rows.append(row(*args))
+            if index == SAMPLED - 1:
+                self._draw_next()
+        elif index == self.next:
+            self.rows[random.randrange(SAMPLED)] = row(*args)
+            self._draw_next()
+
+    def _draw_next(self) -> None:
+        self.weight *= math.exp(math.log(1.0 - random.random()) / SAMPLED)
+        gap = math.log(1.0 - random.random()) / math.log(max(1.0 - self.weight, 1e-300))
+        self.next += math.floor(gap) + 1
 
 
 def error_detail(exc: BaseException) -> dict[str, str]:
