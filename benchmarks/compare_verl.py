@@ -9,6 +9,12 @@ the two runtimes never compete for the CPUs; every figure is a median of that on
 (7 timed repeats per case; each data size first gets two untimed calls, on both sides,
 so that a median does not rest on the process's first touches of that much memory).
 
+The no-op cases and the burst also say what CPU they took per rank call: the driver
+process's (``time.process_time``: every thread of it, so our owned cluster's scheduler,
+or Ray's core worker threads) and the ranks' processes' (``psutil``), over the whole
+timed loop. CPU is far steadier than a median of wall times on a shared machine; Ray's
+own daemons (raylet, GCS) are not counted on verl's side.
+
 verl and ray come with the optional extra ``compare`` (``pip install -e '.[compare]'``);
 without them only our side runs, with a message saying so. verl 0.9.1 has no predefined
 ``Dispatch.RANK_ZERO`` functions, so its RANK_ZERO case is ``Execute.RANK_ZERO``.
@@ -37,6 +43,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+import psutil
 import torch
 from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
@@ -106,6 +113,10 @@ class Bench(hf.Worker):
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def identity_async(self, data: hf.DataProto) -> hf.DataProto:
         return data
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def pid(self) -> int:
+        return os.getpid()
 
 
 class Ours:
@@ -216,6 +227,10 @@ def verl_worker_class() -> Any:
         def identity_async(self, data: Any) -> Any:
             return data
 
+        @register(Dispatch.ONE_TO_ALL)
+        def pid(self) -> int:
+            return os.getpid()
+
     return ray.remote(VerlBench)
 
 
@@ -311,6 +326,41 @@ def timed(fn: Callable[[], Any], repeats: int) -> list[float]:
     return times
 
 
+class CpuMeter:
+    """CPU seconds used by this (driver) process and by the ranks' processes."""
+
+    def __init__(self, rank_pids: list[int]) -> None:
+        self.ranks = sorted(set(rank_pids))
+
+    def read(self) -> tuple[float, float]:
+        return time.process_time(), sum(map(process_cpu, self.ranks))
+
+    def per_rank_call(self, before: tuple[float, float], rank_calls: int) -> dict[str, float]:
+        """µs of CPU per rank call since ``before``: the driver's and the ranks'."""
+        driver, ranks = self.read()
+        return {
+            "driver_cpu_us_per_rank_call": (driver - before[0]) / rank_calls * 1e6,
+            "ranks_cpu_us_per_rank_call": (ranks - before[1]) / rank_calls * 1e6,
+        }
+
+
+def process_cpu(pid: int) -> float:
+    """CPU seconds of process ``pid`` so far: to the nanosecond from each thread's
+    ``/proc`` schedstat on Linux (``psutil`` counts clock ticks, 10 ms each, too coarse
+    for a loop of short calls), else ``psutil``."""
+    tasks = Path(f"/proc/{pid}/task")
+    if not tasks.is_dir():
+        times = psutil.Process(pid).cpu_times()
+        return float(times.user + times.system)
+    total = 0
+    for task in tasks.iterdir():
+        try:
+            total += int((task / "schedstat").read_text().split()[0])
+        except (OSError, ValueError, IndexError):  # a thread that ended meanwhile
+            continue
+    return total / 1e9
+
+
 def summary(times: list[float], **extra: Any) -> dict:
     return {
         "median_s": statistics.median(times),
@@ -335,21 +385,27 @@ def run_side(side: Any, plan: Plan, log: Callable[[str], None]) -> dict[str, dic
         for _ in range(plan.noop_warm):
             group.noop()
             group.noop_rank_zero()
-        for case, call in (
-            ("no-op ONE_TO_ALL call", group.noop),
-            ("no-op RANK_ZERO call", group.noop_rank_zero),
+        pids = list(group.pid())
+        cpu = CpuMeter(pids)
+        for case, call, ranks in (
+            ("no-op ONE_TO_ALL call", group.noop, len(pids)),
+            ("no-op RANK_ZERO call", group.noop_rank_zero, 1),
         ):
+            before = cpu.read()
             times = timed(call, plan.noop_calls)
-            results[case] = summary(times, calls_per_s=1 / statistics.median(times))
-            log(f"{side.name}: {case} {statistics.median(times) * 1e3:.2f} ms")
+            used = cpu.per_rank_call(before, plan.noop_calls * ranks)
+            results[case] = summary(times, calls_per_s=1 / statistics.median(times), **used)
+            log(f"{side.name}: {case} {statistics.median(times) * 1e3:.2f} ms, {_cpu(used)}")
 
         side.burst(group, 10)  # warm
+        before = cpu.read()
         times = timed(lambda: side.burst(group, plan.burst_calls), plan.burst_repeats)
+        used = cpu.per_rank_call(before, plan.burst_calls * plan.burst_repeats * len(pids))
         rate = plan.burst_calls / statistics.median(times)
         results["back-to-back non-blocking no-op calls"] = summary(
-            times, calls=plan.burst_calls, calls_per_s=rate
+            times, calls=plan.burst_calls, calls_per_s=rate, **used
         )
-        log(f"{side.name}: burst {rate:.0f} calls/s")
+        log(f"{side.name}: burst {rate:.0f} calls/s, {_cpu(used)}")
 
         group.identity(side.data(torch.randn(ROWS, 256)))  # warm
         for mib in plan.sizes_mib:
@@ -381,6 +437,13 @@ def run_side(side: Any, plan: Plan, log: Callable[[str], None]) -> dict[str, dic
     return results
 
 
+def _cpu(used: dict[str, float]) -> str:
+    return (
+        f"CPU per rank call: driver {used['driver_cpu_us_per_rank_call']:.0f} µs, "
+        f"ranks {used['ranks_cpu_us_per_rank_call']:.0f} µs"
+    )
+
+
 # (case, the value compared, whether higher is better)
 def compared_value(case: str, result: dict) -> tuple[str, float, bool]:
     if "gb_per_s" in result:
@@ -410,6 +473,44 @@ def fmt(unit: str, value: float | None) -> str:
     if unit == "s":
         return f"{value * 1e3:.2f} ms" if value < 1 else f"{value:.3f} s"
     return f"{value:.2f} {unit}" if unit == "GB/s" else f"{value:.0f} {unit}"
+
+
+def cpu_rows(ours: dict[str, dict], verl: dict[str, dict] | None) -> list[dict]:
+    """The CPU per rank call of the cases that measured it, both sides."""
+    rows = []
+    for case, result in ours.items():
+        if "driver_cpu_us_per_rank_call" not in result:
+            continue
+        theirs = (verl or {}).get(case, {})
+        rows.append(
+            {
+                "case": case,
+                **{
+                    f"{side}_{what}": part.get(f"{what}_cpu_us_per_rank_call")
+                    for side, part in (("ours", result), ("verl", theirs))
+                    for what in ("driver", "ranks")
+                },
+            }
+        )
+    return rows
+
+
+def print_cpu_table(rows: list[dict]) -> None:
+    def us(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f} µs"
+
+    header = (
+        f"{'CPU per rank call':42} {'ours: driver':>13} {'ranks':>8} "
+        f"{'verl: driver':>13} {'ranks':>8}"
+    )
+    print()
+    print(header)
+    print("-" * len(header))
+    for row in rows:
+        print(
+            f"{row['case']:42} {us(row['ours_driver']):>13} {us(row['ours_ranks']):>8} "
+            f"{us(row['verl_driver']):>13} {us(row['verl_ranks']):>8}"
+        )
 
 
 def print_table(rows: list[dict], call_path: str) -> None:
@@ -467,6 +568,8 @@ def main(argv: list[str] | None = None) -> None:
     verl = run_side(Verl(), plan, log) if not why_not else None
     rows = table(ours, verl)
     print_table(rows, ours_side.call_path)
+    cpu = cpu_rows(ours, verl)
+    print_cpu_table(cpu)
     result = {
         "meta": {
             "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
@@ -483,6 +586,7 @@ def main(argv: list[str] | None = None) -> None:
             "load_avg_1m_start_end": [load_start, os.getloadavg()[0]],
         },
         "table": rows,
+        "cpu_per_rank_call_us": cpu,
         "ours": ours,
         "verl": verl,
     }

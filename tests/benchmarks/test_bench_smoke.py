@@ -86,6 +86,16 @@ def test_compare_verl_quick(tmp_path: Path) -> None:
         assert 0 < summary["median_s"] <= summary["p90_s"], case
     for row in cases.values():
         assert row["ours"] > 0 and row["verl"] is None, row
+    # the no-op cases and the burst say what CPU a rank call took, driver and ranks
+    cpu = {row["case"]: row for row in result["cpu_per_rank_call_us"]}
+    assert set(cpu) == {
+        "no-op ONE_TO_ALL call",
+        "no-op RANK_ZERO call",
+        "back-to-back non-blocking no-op calls",
+    }
+    for row in cpu.values():
+        assert row["ours_driver"] > 0 and row["ours_ranks"] > 0, row
+        assert row["verl_driver"] is None and row["verl_ranks"] is None, row
 
 
 @pytest.mark.timeout(120)
