@@ -226,27 +226,25 @@ class Actor:
         record = getattr(job, "record", None)  # the call's phase times (see call_log)
         gate = self._gate
         gate.enter(self._env_key, self.env, self._turn)  # waiting here for another env is queue
+        # Checked last thing before the method starts: its turn may have come after its
+        # deadline, or the process may have been stopped meanwhile.
+        if deadline is not None and time.time() >= deadline:
+            gate.leave()
+            with self._cond:  # so that a later withdrawal hears it did not run
+                order.skipped.add(seq)
+            done(None, self._late(seq))  # (no run time stamped: it never ran)
+            return
+        if record is not None:
+            record.start = time.time()
         try:
-            # Checked last thing before the method starts: its turn may have come after
-            # its deadline, or the process may have been stopped meanwhile.
-            if deadline is not None and time.time() >= deadline:
-                with self._cond:  # so that a later withdrawal hears it did not run
-                    order.skipped.add(seq)
-                late: BaseException | None = self._late(seq)
-            else:
-                late = None
-                if record is not None:
-                    record.start = time.time()
-                result = job(self)
+            result = job(self)
         except BaseException as exc:  # the method's own error, annotated by the job
             gate.leave()
             _stopped(record)
             done(None, exc)
             return
         gate.leave()
-        if late is not None:
-            done(None, late)
-        elif result is not None and inspect.isawaitable(result):
+        if result is not None and inspect.isawaitable(result):
             self._start_coroutine(result, done, job)
         else:
             _stopped(record)
