@@ -41,7 +41,7 @@ from ..base import InstanceRef
 from .environment import EnvGate
 from .failures import annotate_error
 
-__all__ = ["MAX_CONCURRENCY", "Actor", "Done", "release_device_memory", "settle_future"]
+__all__ = ["MAX_CONCURRENCY", "Actor", "Done", "FutureOutcome", "release_device_memory"]
 
 #: What a call's outcome is handed to, once: ``done(value, None)`` or ``done(None, error)``.
 #: Called in the instance's thread as the method returns (before its next call starts), or
@@ -156,7 +156,7 @@ class Actor:
         """``post``, its outcome in a future (a job whose future was cancelled before its
         turn does not run)."""
         future: concurrent.futures.Future = concurrent.futures.Future()
-        self.post(driver, seq, job, _FutureOutcome(future), deadline)
+        self.post(driver, seq, job, FutureOutcome(future), deadline)
         return future
 
     def skip(self, driver: str, seq: int) -> bool:
@@ -382,8 +382,9 @@ def _settle(done: Done, job: Any, result: Any) -> None:
     done(result, None)
 
 
-class _FutureOutcome:
-    """A ``Done`` that settles a future; a job whose future was cancelled is not run."""
+class FutureOutcome:
+    """A ``Done`` that settles ``future`` (unless it was cancelled meanwhile: nobody waits
+    for it then); a job whose future was cancelled before its turn is not run."""
 
     __slots__ = ("future",)
 
@@ -394,18 +395,11 @@ class _FutureOutcome:
         return self.future.set_running_or_notify_cancel()
 
     def __call__(self, value: Any, error: BaseException | None) -> None:
-        settle_future(self.future, value, error)
-
-
-def settle_future(
-    future: concurrent.futures.Future, value: Any, error: BaseException | None
-) -> None:
-    """``future``'s outcome, unless it was cancelled meanwhile (nobody waits for it)."""
-    with contextlib.suppress(concurrent.futures.InvalidStateError):
-        if error is not None:
-            future.set_exception(error)
-        else:
-            future.set_result(value)
+        with contextlib.suppress(concurrent.futures.InvalidStateError):
+            if error is not None:
+                self.future.set_exception(error)
+            else:
+                self.future.set_result(value)
 
 
 class _Gated:

@@ -34,7 +34,7 @@ from typing import Any, Literal, Protocol
 
 from ...errors import CallTimeoutError
 from ..base import InstanceRef
-from .actor import Actor, Done, settle_future
+from .actor import Actor, Done, FutureOutcome
 from .copies import CopyPolicy
 from .environment import EnvGate
 from .failures import sendable
@@ -315,9 +315,7 @@ class Instances:
     ) -> concurrent.futures.Future:
         """``serve_then``, its outcome in a future (a task, a Ray actor call)."""
         outcome: concurrent.futures.Future = concurrent.futures.Future()
-        self.serve_then(
-            call, resolve, deliver, lambda value, error: settle_future(outcome, value, error)
-        )
+        self.serve_then(call, resolve, deliver, FutureOutcome(outcome))
         return outcome
 
     def _own_inputs(

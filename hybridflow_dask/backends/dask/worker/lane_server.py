@@ -240,23 +240,21 @@ class LaneServer:
         leave_in_place = False
 
         def reply(answer: dict) -> None:
-            if not (leave_in_place and may_have_frames(answer)):  # none can stay in memory
-                try:
-                    with write_lock:
-                        write_message(conn.sendall, answer)
-                except OSError as exc:  # the driver went away (or stopped reading)
-                    logger.debug("lane reply not sent: %r", exc)
-                    drop(conn)
-                return
-            # (in the table before it is written: its release may come at once)
-            entry = held[answer["id"]] = [threading.Event(), None]
+            may_leave = leave_in_place and may_have_frames(answer)
+            entry = None
+            if may_leave:  # in the table before it is written: its release may come at once
+                entry = held[answer["id"]] = [threading.Event(), None]
+            left: list[Any] = []
             try:
                 with write_lock:
-                    entry[1] = write_message(conn.sendall, answer, leave_in_place=leave_in_place)
+                    left = write_message(conn.sendall, answer, leave_in_place=may_leave)
             except OSError as exc:  # the driver went away (or stopped reading)
                 logger.debug("lane reply not sent: %r", exc)
                 drop(conn)
-            if not entry[1]:
+            if entry is None:
+                return
+            entry[1] = left
+            if not left:
                 held.pop(answer["id"], None)
             elif threading.get_ident() != serving and not entry[0].wait(self._stall_s):
                 # (the serving thread reads releases: it never waits for one)
