@@ -184,46 +184,40 @@ class DirectPath:
         blocking: bool,
         deadline: float | None = None,
     ) -> list[Any]:
-        """One message per rank, and per worker process one write: the messages of a
-        blocking call without future inputs go on the process's lane together (as one
-        batch when the process hosts several of the ranks), the others on its stream,
-        which writes every message posted in one turn of the loop at once."""
-        shared = _Shared()  # every rank's message is made before any is sent
-        replies = Replies(calls, deadline) if blocking else None
-        keys = task_keys(label, len(calls))
-        # what every rank's message says alike
-        common = {
-            "driver": self.driver_id,
-            "method": method,
-            "keep": not blocking,
-            "client": self.client.id,
-            "share": self._share,
-            "deadline": deadline,
-        }
-        messages = [
-            self._message(c, i, keys[i], common, label, shared, replies)
-            for i, c in enumerate(calls)
-        ]
-        batches: dict[Lane, list[_Message]] = {}
+        """One message per rank, and per worker process one write: the ranks of a
+        blocking call without future inputs go on their process's lane together (as one
+        batch when the process hosts several of them), the others on its stream, which
+        writes every message posted in one turn of the loop at once. A rank's own
+        message is made only when it travels by itself."""
+        parts = self._parts(calls, method, label, blocking, deadline)
+        if not blocking:
+            for index in range(len(calls)):
+                self._post(parts.message(index))
+            return parts.futures
+        batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
-        for message in messages:
-            if blocking and not message.inputs and not message.known:
-                slot = message.slot
+        made = parts.made
+        for index, call in enumerate(calls):
+            if not made[index][1] and not made[index][2]:  # no future inputs
+                slot = call.ref.slot
                 process = (slot.address, slot.worker_id)
                 lane = lanes.get(process, _UNASKED)
                 if lane is _UNASKED:
                     lane = lanes[process] = self._lane(slot)
                 if lane is not None:
-                    batches.setdefault(lane, []).append(message)
+                    batch = batches.get(lane)
+                    if batch is None:
+                        batch = batches[lane] = []
+                    batch.append(index)
                     continue
-            self._post(message)
+            self._post(parts.message(index))
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
-            together = [(lane, [m]) for lane, batch in together for m in batch]
+            together = [(lane, [i]) for lane, batch in together for i in batch]
         # The caller reads the replies itself when every one comes on a lane it can read,
         # one request per lane (it then writes nothing there before it reads).
         caller_reads = (
-            sum(map(len, batches.values())) == len(messages)
+            sum(map(len, batches.values())) == len(calls)
             and len(together) == len(batches)
             and all(lane.callers_may_read for lane in batches)
         )
@@ -232,68 +226,84 @@ class DirectPath:
             for lane, batch in together:
                 try:
                     if len(batch) == 1:
-                        lane.request(batch[0].msg, batch[0], read_by_caller=caller_reads)
+                        message = parts.message(batch[0])
+                        lane.request(message.msg, message, read_by_caller=caller_reads)
                     else:
-                        msg = _batch_msg(batch, method, deadline)
-                        lane.request(msg, _Batch(batch), read_by_caller=caller_reads)
+                        msg = parts.batch_msg(batch)
+                        lane.request(msg, _Batch(parts, batch), read_by_caller=caller_reads)
                 except ConnectionError:  # broke just now: the Dask comm reports what happened
-                    for message in batch:
-                        self._post(message)
+                    for index in batch:
+                        self._post(parts.message(index))
                     caller_reads = False  # a reply comes another way: the caller reads none
             sent = True
         finally:
             if not (sent and caller_reads):  # nobody waits on these lanes: their threads read
                 for asked in batches:
                     asked.hand_over()
-        if caller_reads and replies is not None:
-            replies.lanes = tuple(batches)
-        return [message.future for message in messages]
+        if caller_reads and parts.replies is not None:
+            parts.replies.lanes = tuple(batches)
+        return parts.futures
 
-    def _message(
+    def _parts(
         self,
-        call: RankCall,
-        index: int,
-        key: str,
-        common: dict[str, Any],
+        calls: Sequence[RankCall],
+        method: str,
         label: str,
-        shared: _Shared,
-        replies: Replies | None,
-    ) -> _Message:
-        """The message for one rank's part of a call (``common`` and its own fields), its
-        future in ``future``. Ranks given the very same argument objects share one
-        packing of them. A blocking call (``replies``: its ranks' replies) is answered in
-        a ``RankReply`` (the rank's ``index`` among them)."""
-        ref = call.ref
-        made = shared.get(call.args, call.kwargs)
-        if made is None:
-            args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
-            known = _nested_futures(args) + _nested_futures(kwargs)
-            if plain_call(args, kwargs):  # travel inside the message as they are
-                packed: tuple[Any, Any] = (args, kwargs)
-            else:
-                packed = (
-                    pack(args, f"the arguments of {label} for rank {ref.rank}"),
-                    pack(kwargs, f"the keyword arguments of {label} for rank {ref.rank}"),
-                )
-                if replies is None:  # sent after this returns: the caller may change them meanwhile
-                    packed = (own_frames(packed[0]), own_frames(packed[1]))
-            made = shared.keep(call.args, call.kwargs, (packed, inputs, known))
-        (packed_args, packed_kwargs), inputs, known = made
-        if isinstance(packed_args, Serialized):
-            sent = _frame_bytes(packed_args) + _frame_bytes(packed_kwargs)
+        blocking: bool,
+        deadline: float | None,
+    ) -> _Parts:
+        """What each rank's message is made of, and its future; every argument is packed
+        before anything is sent. Ranks given the very same argument objects share one
+        packing of them. A blocking call's ranks are answered in ``RankReply``s of one
+        ``Replies``; a non-blocking call's results are announced to the scheduler later."""
+        shared = _Shared()
+        replies = Replies(calls, deadline) if blocking else None
+        keys = task_keys(label, len(calls))
+        common = {  # what every rank's message says alike
+            "driver": self.driver_id,
+            "method": method,
+            "keep": not blocking,
+            "client": self.client.id,
+            "share": self._share,
+            "deadline": deadline,
+        }
+        made: list[_Made] = []
+        sent = 0
+        for call in calls:
+            this = shared.get(call.args, call.kwargs)
+            if this is None:
+                this = self._packed(call, label, for_later=not blocking)
+                shared.keep(call.args, call.kwargs, this)
+            made.append(this)
+            if isinstance(this[0][0], Serialized):
+                sent += _frame_bytes(this[0][0]) + _frame_bytes(this[0][1])
+        if sent:
             with self._lock:
                 self._counts["scattered"] += sent
         if replies is not None:
-            future: Any = RankReply(key, replies, index)
+            futures: list[Any] = [RankReply(key, replies, i) for i, key in enumerate(keys)]
         else:
-            future = CallFuture(key, self.client, self._releases)
-            self.expect(key)
-        msg = common.copy()
-        msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, key
-        msg["args"], msg["kwargs"] = packed_args, packed_kwargs
-        message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, future)
-        message.known = known
-        return message
+            futures = [CallFuture(key, self.client, self._releases) for key in keys]
+            for key in keys:
+                self.expect(key)
+        return _Parts(calls, keys, common, made, futures, replies)
+
+    def _packed(self, call: RankCall, label: str, *, for_later: bool) -> _Made:
+        """A rank's arguments as its message carries them (packed unless plain), the
+        futures among them, and those inside its ``DataProtoFuture``s. ``for_later``:
+        sent after the call returns, when its caller may have changed them: copied now."""
+        args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
+        known = _nested_futures(args) + _nested_futures(kwargs)
+        if plain_call(args, kwargs):  # travel inside the message as they are
+            return (args, kwargs), inputs, known
+        rank = call.ref.rank
+        packed = (
+            pack(args, f"the arguments of {label} for rank {rank}"),
+            pack(kwargs, f"the keyword arguments of {label} for rank {rank}"),
+        )
+        if for_later:
+            packed = (own_frames(packed[0]), own_frames(packed[1]))
+        return packed, inputs, known
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
         future = ReplyFuture(task_key(f"{ref.group}.__del__"))
@@ -523,32 +533,33 @@ class DirectPath:
 
     def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
         if isinstance(message, _Batch):  # one reply per rank, in the batch's order
-            parts = message.parts
-            # (a batch is one blocking call's parts: each part's future is a RankReply)
+            indices, replies = message.indices, message.parts.replies
+            assert replies is not None  # (a batch is one blocking call's ranks)
             results = reply.get("results")  # every rank's plain value, nothing else
-            if type(results) is list and len(results) == len(parts) and reply.get("status") == "OK":
-                outcomes = [(part.future.index, value) for part, value in zip(parts, results)]
-                parts[0].future.replies.settle_all(outcomes)
+            if (
+                isinstance(results, list)
+                and len(results) == len(indices)
+                and reply.get("status") == "OK"
+            ):
+                replies.settle_all(zip(indices, results))
                 return
-            replies = reply.get("replies")  # a failure or a serialized value among them
-            if not isinstance(replies, list) or len(replies) != len(parts):
-                replies = [reply] * len(parts)  # the batch as a whole failed
-            for part, answer in zip(parts, replies):
-                self._lane_reply(part, answer)
+            answers = reply.get("replies")  # a failure or a serialized value among them
+            if not isinstance(answers, list) or len(answers) != len(indices):
+                answers = [reply] * len(indices)  # the batch as a whole failed
+            method = message.parts.common["method"]
+            for index, answer in zip(indices, answers):
+                value, error = _lane_outcome(answer, method)
+                replies.settle(index, value, error)
             return
-        error = _reply_error(reply)
+        value, error = _lane_outcome(reply, message.msg.get("method", "a fetch"))
         if error is None:
-            try:
-                reply["result"] = unpack(reply.get("result"))
-            except Exception as exc:
-                what = message.msg.get("method", "a fetch")
-                error = TypeError(f"the result of {what} cannot be read here: {exc!r}")
+            reply["result"] = value
         self._settle(message, reply, error)
 
     def _lane_broken(self, pending: list[_Message]) -> None:
         """The lane ended with calls unanswered: handled as a broken Dask stream is."""
         error = ConnectionError("the socket lane closed")
-        pending = [p for m in pending for p in (m.parts if isinstance(m, _Batch) else [m])]
+        pending = [p for m in pending for p in (m.messages() if isinstance(m, _Batch) else [m])]
         for message in pending:
             try:
                 self._loop.call_soon_threadsafe(self._answered, message, None, error)
@@ -768,30 +779,89 @@ class DirectPath:
         return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
 
 
+#: A rank's arguments as its message carries them, the futures among them, and those
+#: inside its ``DataProtoFuture``s.
+_Made = tuple[tuple[Any, Any], list[Future], list[Future]]
+
+
+class _Parts:
+    """One call's ranks, by index: what each one's message is made of, and its future.
+
+    A rank's ``_Message`` (a dict and a few objects) is made only when the rank travels
+    by itself (the Dask comm, a lane of its own, a lane that broke); a batch of ranks to
+    one process is written straight from here, so a call to hundreds of light ranks
+    makes no message per rank.
+    """
+
+    __slots__ = ("calls", "common", "futures", "keys", "made", "replies")
+
+    def __init__(
+        self,
+        calls: Sequence[RankCall],
+        keys: list[str],
+        common: dict[str, Any],
+        made: list[_Made],
+        futures: list[Any],
+        replies: Replies | None,
+    ) -> None:
+        self.calls, self.keys, self.common = calls, keys, common
+        #: Each rank's ``_Made`` (the very same tuple for ranks given the same arguments).
+        self.made = made
+        self.futures = futures
+        #: A blocking call's record (its ranks' futures are ``RankReply``s of it).
+        self.replies = replies
+
+    def message(self, index: int) -> _Message:
+        """Rank ``index``'s own message."""
+        call = self.calls[index]
+        ref = call.ref
+        (args, kwargs), inputs, known = self.made[index]
+        msg = self.common.copy()
+        msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, self.keys[index]
+        msg["args"], msg["kwargs"] = args, kwargs
+        message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, self.futures[index])
+        message.known = known
+        return message
+
+    def batch_msg(self, indices: list[int]) -> dict:
+        """One lane message for the ranks ``indices`` (of one process): what they share
+        once, the arguments too when every rank has the same, and each rank's own part."""
+        common, calls, keys, made = self.common, self.calls, self.keys, self.made
+        batch = {
+            "op": "calls",
+            "driver": common["driver"],
+            "method": common["method"],
+            "deadline": common["deadline"],
+        }
+        first = made[indices[0]]
+        if all(made[i] is first for i in indices):  # each rank's part: a plain tuple
+            batch["args"], batch["kwargs"] = first[0]
+            batch["calls"] = [(calls[i].ref.key, calls[i].seq, keys[i]) for i in indices]
+        else:
+            batch["calls"] = [
+                {
+                    "instance": calls[i].ref.key,
+                    "seq": calls[i].seq,
+                    "key": keys[i],
+                    "args": made[i][0][0],
+                    "kwargs": made[i][0][1],
+                }
+                for i in indices
+            ]
+        return batch
+
+
 class _Batch:
-    """Several ranks' messages to one worker process, sent and answered as one."""
+    """Several ranks of one call to one worker process, sent and answered as one."""
 
-    __slots__ = ("parts",)
+    __slots__ = ("indices", "parts")
 
-    def __init__(self, parts: list[_Message]) -> None:
-        self.parts = parts
+    def __init__(self, parts: _Parts, indices: list[int]) -> None:
+        self.parts, self.indices = parts, indices
 
-
-def _batch_msg(messages: list[_Message], method: str, deadline: float | None) -> dict:
-    """One lane message for ``messages`` (calls of one method in one process): what they
-    share once, arguments too when every rank has the same, and each rank's own part."""
-    first = messages[0].msg
-    common = all(m.msg["args"] is first["args"] for m in messages) and all(
-        m.msg["kwargs"] is first["kwargs"] for m in messages
-    )
-    batch = {"op": "calls", "driver": first["driver"], "method": method, "deadline": deadline}
-    if common:  # each rank's part is its instance, number and key: a plain tuple
-        batch["args"], batch["kwargs"] = first["args"], first["kwargs"]
-        batch["calls"] = [(m.msg["instance"], m.msg["seq"], m.msg["key"]) for m in messages]
-    else:
-        own = ("instance", "seq", "key", "args", "kwargs")
-        batch["calls"] = [{name: m.msg[name] for name in own} for m in messages]
-    return batch
+    def messages(self) -> list[_Message]:
+        """Each rank's own message (its lane broke: each is handled by itself)."""
+        return [self.parts.message(index) for index in self.indices]
 
 
 class _Shared:
@@ -831,6 +901,17 @@ def _reply_error(reply: dict) -> BaseException | None:
     if reply.get("status") == "OK":
         return None
     return reply.get("exception") or RuntimeError(str(reply))
+
+
+def _lane_outcome(reply: dict, what: str) -> tuple[Any, BaseException | None]:
+    """The value a lane's reply carries (unpacked), or its error."""
+    error = _reply_error(reply)
+    if error is not None:
+        return None, error
+    try:
+        return unpack(reply.get("result")), None
+    except Exception as exc:
+        return None, TypeError(f"the result of {what} cannot be read here: {exc!r}")
 
 
 def _broke_connection(error: BaseException) -> bool:

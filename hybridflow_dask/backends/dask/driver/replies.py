@@ -21,7 +21,7 @@ import concurrent.futures
 import operator
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 from .call_path import RankCall
@@ -102,7 +102,7 @@ class Replies:
         if over:
             self.settled.set()
 
-    def settle_all(self, outcomes: list[tuple[int, Any]]) -> None:
+    def settle_all(self, outcomes: Iterable[tuple[int, Any]]) -> None:
         """``settle`` each good ``(index, value)``, under one lock for all of them."""
         done, values = self._done, self._values
         with self._lock:
