@@ -100,9 +100,13 @@ def owned_settings() -> dict[str, Any]:
     process), so it keeps ``hybridflow.task-stream-length`` (10,000 by default: the last
     minutes of a busy run), as the group monitor does on any cluster. Its logs of recent
     messages and events keep ``hybridflow.message-log-length`` entries (the streams made
-    later, as workers and clients connect, are shortened by ``MessageLogCap``).
+    later, as workers and clients connect, are shortened by ``MessageLogCap``). Dask's
+    profiler runs on its workers only with ``hybridflow.worker-profiler``.
     """
-    settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s"}
+    settings: dict[str, Any] = {
+        "distributed.scheduler.no-workers-timeout": "3s",
+        "distributed.worker.profile.enabled": worker_profiler(),
+    }
     length = task_stream_length()
     if length is not None:
         settings["distributed.scheduler.dashboard.status.task-stream-length"] = length
@@ -136,14 +140,30 @@ def start_local_cluster(
         if choice.kind == "LocalCUDACluster":
             from dask_cuda import LocalCUDACluster
 
-            cluster = owned_cluster_class(LocalCUDACluster)(**options)
+            cluster = owned_cluster_class(LocalCUDACluster)(**_with_worker_config(options))
         else:
             options.setdefault("threads_per_worker", 1)
             options.setdefault("processes", True)
+            if options["processes"]:  # (a worker in this process reads this process's config)
+                options = _with_worker_config(options)
             cluster = owned_cluster_class(LocalCluster, WORKER_PREFIX)(n_workers=0, **options)
             if n_workers:
                 cluster.scale(n_workers)
     return cluster, choice
+
+
+def worker_profiler() -> bool:
+    """Whether Dask's profiler runs on an owned cluster's workers (``worker-profiler``)."""
+    return bool(dask.config.get("hybridflow.worker-profiler"))
+
+
+def _with_worker_config(options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with the Dask settings each worker process starts with, for its nanny
+    to hand over: workers start after the cluster is made, outside ``owned_settings``
+    (what the caller gave as ``config`` wins). Dotted keys: the worker applies them with
+    ``dask.config.set``, which would replace a whole nested section."""
+    ours = {"distributed.worker.profile.enabled": worker_profiler()}
+    return {**options, "config": {**ours, **(options.get("config") or {})}}
 
 
 def check_protocol(protocol: Any) -> None:
