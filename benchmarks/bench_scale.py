@@ -13,7 +13,10 @@ ranks' parts) and ``flat`` (``hybridflow.group-messages: false``, one message pe
 it measures a blocking no-op ``ONE_TO_ALL`` group call (median of ``--calls``):
 
 - ``latency``: the call, from the driver's side;
-- ``driver CPU``: the driver process's CPU per call (``time.process_time``);
+- ``driver CPU``: the driver process's CPU per call (``time.process_time``: every
+  thread, the in-process scheduler's too on ``local``);
+- ``caller CPU``: the calling thread's alone (``time.thread_time``): what the call itself
+  costs the driver, without its other threads' work, so it moves less with the load;
 - ``last start``: from the call to the latest rank's method start (the same clock: all
   hosts are on one machine);
 - ``driver bytes``: what crossed the driver's link per call (``hosts`` layout only);
@@ -89,16 +92,18 @@ def measure(group: Any, calls: int, warm: int, hosts: Hosts | None) -> dict[str,
     scheduler_pid = scheduler.process.pid if scheduler and scheduler.process else None
     scheduler_before = _cpu_of(scheduler_pid) if scheduler_pid else 0.0
     link_before = hosts.driver_bytes() if hosts else None
-    cpu_before = time.process_time()
+    cpu_before, caller_before = time.process_time(), time.thread_time()
     times = []
     for _ in range(calls):
         start = time.perf_counter()
         group.noop()
         times.append(time.perf_counter() - start)
+    caller = (time.thread_time() - caller_before) / calls
     cpu = (time.process_time() - cpu_before) / calls
     out: dict[str, float] = {
         "latency_ms": statistics.median(times) * 1e3,
         "driver_cpu_us": cpu * 1e6,
+        "caller_cpu_us": caller * 1e6,
     }
     if hosts is not None and link_before is not None:
         after = hosts.driver_bytes()
@@ -209,6 +214,7 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
 COLUMNS = [
     ("latency_ms", "latency ms", "{:.2f}"),
     ("driver_cpu_us", "driver CPU us", "{:.0f}"),
+    ("caller_cpu_us", "caller CPU us", "{:.0f}"),
     ("last_start_ms", "last start ms", "{:.2f}"),
     ("driver_bytes_per_call", "driver B/call", "{:.0f}"),
     ("scheduler_cpu_us", "sched CPU us", "{:.0f}"),
