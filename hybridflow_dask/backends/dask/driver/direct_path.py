@@ -32,7 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, cast
+from typing import Any, NamedTuple, cast
 
 from distributed import Future
 from distributed.comm import CommClosedError
@@ -198,7 +198,7 @@ class DirectPath:
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         made = parts.made
         for index, call in enumerate(calls):
-            if not made[index][1] and not made[index][2]:  # no future inputs
+            if not made[index].inputs and not made[index].known:
                 slot = call.ref.slot
                 process = (slot.address, slot.worker_id)
                 lane = lanes.get(process, _UNASKED)
@@ -275,8 +275,8 @@ class DirectPath:
                 this = self._packed(call, label, for_later=not blocking)
                 shared.keep(call.args, call.kwargs, this)
             made.append(this)
-            if isinstance(this[0][0], Serialized):
-                sent += _frame_bytes(this[0][0]) + _frame_bytes(this[0][1])
+            if isinstance(this.packed[0], Serialized):
+                sent += _frame_bytes(this.packed[0]) + _frame_bytes(this.packed[1])
         if sent:
             with self._lock:
                 self._counts["scattered"] += sent
@@ -295,7 +295,7 @@ class DirectPath:
         args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
         known = _nested_futures(args) + _nested_futures(kwargs)
         if plain_call(args, kwargs):  # travel inside the message as they are
-            return (args, kwargs), inputs, known
+            return _Made((args, kwargs), inputs, known)
         rank = call.ref.rank
         packed = (
             pack(args, f"the arguments of {label} for rank {rank}"),
@@ -303,7 +303,7 @@ class DirectPath:
         )
         if for_later:
             packed = (own_frames(packed[0]), own_frames(packed[1]))
-        return packed, inputs, known
+        return _Made(packed, inputs, known)
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
         future = ReplyFuture(task_key(f"{ref.group}.__del__"))
@@ -779,9 +779,15 @@ class DirectPath:
         return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
 
 
-#: A rank's arguments as its message carries them, the futures among them, and those
-#: inside its ``DataProtoFuture``s.
-_Made = tuple[tuple[Any, Any], list[Future], list[Future]]
+class _Made(NamedTuple):
+    """What a rank's message is made of: ranks given the very same arguments share one."""
+
+    #: ``(args, kwargs)`` as the message carries them (packed, unless plain).
+    packed: tuple[Any, Any]
+    #: The futures among them (the worker resolves their keys).
+    inputs: list[Future]
+    #: Those inside its ``DataProtoFuture``s (its rank resolves them itself).
+    known: list[Future]
 
 
 class _Parts:
@@ -805,7 +811,7 @@ class _Parts:
         replies: Replies | None,
     ) -> None:
         self.calls, self.keys, self.common = calls, keys, common
-        #: Each rank's ``_Made`` (the very same tuple for ranks given the same arguments).
+        #: Each rank's ``_Made`` (the very same one for ranks given the same arguments).
         self.made = made
         self.futures = futures
         #: A blocking call's record (its ranks' futures are ``RankReply``s of it).
@@ -835,7 +841,7 @@ class _Parts:
         }
         first = made[indices[0]]
         if all(made[i] is first for i in indices):  # each rank's part: a plain tuple
-            batch["args"], batch["kwargs"] = first[0]
+            batch["args"], batch["kwargs"] = first.packed
             batch["calls"] = [(calls[i].ref.key, calls[i].seq, keys[i]) for i in indices]
         else:
             batch["calls"] = [
@@ -843,8 +849,8 @@ class _Parts:
                     "instance": calls[i].ref.key,
                     "seq": calls[i].seq,
                     "key": keys[i],
-                    "args": made[i][0][0],
-                    "kwargs": made[i][0][1],
+                    "args": made[i].packed[0],
+                    "kwargs": made[i].packed[1],
                 }
                 for i in indices
             ]
