@@ -80,6 +80,30 @@ def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, mon
     assert [len(msg["calls"]) for msg in sent] == [4, 4]
 
 
+def test_the_flat_dispatch_sends_each_rank_its_own_lane_message(hf_dask_cluster, monkeypatch):
+    """``hybridflow.group-messages: false``: a message per rank, the same results."""
+    with dask.config.set({"hybridflow.fresh-processes": False, "hybridflow.group-messages": False}):
+        backend = DaskBackend(cluster=hf_dask_cluster, ranks_per_worker=4)
+    with backend:
+        group = hf.WorkerGroup(hf.ResourcePool([8]), hf.ClassWithInitArgs(Light), backend=backend)
+        try:
+            group.fail_on(-1)  # lanes open
+            sent = []
+            original = Lane.request
+            monkeypatch.setattr(
+                Lane,
+                "request",
+                lambda lane, msg, ctx, **kw: (sent.append(msg), original(lane, msg, ctx, **kw))[1],
+            )
+            assert group.fail_on(-1) == list(range(8))
+            assert len(sent) == 8 and all("calls" not in msg for msg in sent)
+            assert sorted(msg["seq"] for msg in sent) == [3] * 8  # creation, two calls
+            with pytest.raises(KeyError, match="rank 5 fails"):
+                group.fail_on(5)
+        finally:
+            group.shutdown()
+
+
 def test_ranks_sharing_an_argument_in_one_process_each_get_their_own_copy(light_group):
     sent = torch.ones(3)
     results = light_group.add_rank_in_place(sent)
