@@ -66,15 +66,21 @@ def light_group(hf_dask_cluster):
         group.shutdown()
 
 
-def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, monkeypatch):
-    light_group.fail_on(-1)  # lanes open
-    sent = []
+def _lane_requests(monkeypatch) -> list[dict]:
+    """Every message written on a lane from now on (and still written)."""
+    sent: list[dict] = []
     original = Lane.request
     monkeypatch.setattr(
         Lane,
         "request",
         lambda lane, msg, ctx, **kw: (sent.append(msg), original(lane, msg, ctx, **kw))[1],
     )
+    return sent
+
+
+def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, monkeypatch):
+    light_group.fail_on(-1)  # lanes open
+    sent = _lane_requests(monkeypatch)
     assert light_group.fail_on(-1) == list(range(8))
     assert len(sent) == 2  # 8 ranks on 2 processes
     assert [len(msg["calls"]) for msg in sent] == [4, 4]
@@ -88,13 +94,7 @@ def test_the_flat_dispatch_sends_each_rank_its_own_lane_message(hf_dask_cluster,
         group = hf.WorkerGroup(hf.ResourcePool([8]), hf.ClassWithInitArgs(Light), backend=backend)
         try:
             group.fail_on(-1)  # lanes open
-            sent = []
-            original = Lane.request
-            monkeypatch.setattr(
-                Lane,
-                "request",
-                lambda lane, msg, ctx, **kw: (sent.append(msg), original(lane, msg, ctx, **kw))[1],
-            )
+            sent = _lane_requests(monkeypatch)
             assert group.fail_on(-1) == list(range(8))
             assert len(sent) == 8 and all("calls" not in msg for msg in sent)
             assert sorted(msg["seq"] for msg in sent) == [3] * 8  # creation, two calls
