@@ -8,7 +8,7 @@ import dask
 import pytest
 
 from hybridflow_dask.backends import DaskBackend
-from hybridflow_dask.backends.dask.driver.cluster import owned_settings
+from hybridflow_dask.backends.dask.driver.cluster import worker_settings
 
 
 def _profiling(dask_worker) -> bool:
@@ -23,6 +23,6 @@ def test_the_workers_of_an_owned_cluster_do_not_run_dasks_profiler():
 
 
 def test_worker_profiler_turns_dasks_profiler_on_for_an_owned_cluster():
-    assert owned_settings()["distributed.worker.profile.enabled"] is False
+    assert worker_settings()["distributed.worker.profile.enabled"] is False
     with dask.config.set({"hybridflow.worker-profiler": True}):
-        assert owned_settings()["distributed.worker.profile.enabled"] is True
+        assert worker_settings()["distributed.worker.profile.enabled"] is True

@@ -100,13 +100,10 @@ def owned_settings() -> dict[str, Any]:
     process), so it keeps ``hybridflow.task-stream-length`` (10,000 by default: the last
     minutes of a busy run), as the group monitor does on any cluster. Its logs of recent
     messages and events keep ``hybridflow.message-log-length`` entries (the streams made
-    later, as workers and clients connect, are shortened by ``MessageLogCap``). Dask's
-    profiler runs on its workers only with ``hybridflow.worker-profiler``.
+    later, as workers and clients connect, are shortened by ``MessageLogCap``). What its
+    worker processes start with is ``worker_settings``.
     """
-    settings: dict[str, Any] = {
-        "distributed.scheduler.no-workers-timeout": "3s",
-        "distributed.worker.profile.enabled": worker_profiler(),
-    }
+    settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s"}
     length = task_stream_length()
     if length is not None:
         settings["distributed.scheduler.dashboard.status.task-stream-length"] = length
@@ -152,18 +149,20 @@ def start_local_cluster(
     return cluster, choice
 
 
-def worker_profiler() -> bool:
-    """Whether Dask's profiler runs on an owned cluster's workers (``worker-profiler``)."""
-    return bool(dask.config.get("hybridflow.worker-profiler"))
+def worker_settings() -> dict[str, Any]:
+    """Dask settings each worker process of a cluster the backend starts runs with: Dask's
+    statistical profiler only with ``hybridflow.worker-profiler`` (it samples threads
+    running Dask tasks, never a group's calls). Dotted keys: the worker applies them with
+    ``dask.config.set``, where a nested section would replace all of Dask's."""
+    profiler = bool(dask.config.get("hybridflow.worker-profiler"))
+    return {"distributed.worker.profile.enabled": profiler}
 
 
 def _with_worker_config(options: dict[str, Any]) -> dict[str, Any]:
-    """``options`` with the Dask settings each worker process starts with, for its nanny
-    to hand over: workers start after the cluster is made, outside ``owned_settings``
-    (what the caller gave as ``config`` wins). Dotted keys: the worker applies them with
-    ``dask.config.set``, which would replace a whole nested section."""
-    ours = {"distributed.worker.profile.enabled": worker_profiler()}
-    return {**options, "config": {**ours, **(options.get("config") or {})}}
+    """``options`` with ``worker_settings`` for each nanny to hand its worker process (the
+    nannies are made after the cluster's constructor returns, outside ``owned_settings``);
+    what the caller gave as ``config`` wins."""
+    return {**options, "config": {**worker_settings(), **(options.get("config") or {})}}
 
 
 def check_protocol(protocol: Any) -> None:
