@@ -61,12 +61,22 @@ def test_a_call_is_settled_at_its_first_failure_with_the_rest_still_pending():
 def test_settling_ranks_in_bulk_counts_each_once_and_keeps_a_failure_already_in():
     replies, ranks = _call(4)
     ranks[1].set_result("first")
-    replies.settle_all([(0, "a"), (1, "again"), (2, "c")])
+    replies.settle_all([0, 1, 2], ["a", "again", "c"])
     assert [r.done() for r in ranks] == [True, True, True, False]
     assert ranks[1].result() == "first"  # settled before: unchanged
     assert not replies.settled.is_set()
-    replies.settle_all([(3, "d")])
+    replies.settle_all([3], ["d"])
     assert replies.all_ok() and [r.result() for r in ranks] == ["a", "first", "c", "d"]
+
+
+def test_settling_a_run_of_ranks_and_ranks_spread_apart_gives_each_its_own_value():
+    replies, ranks = _call(6)
+    replies.settle_all([1, 2, 3], ["b", "c", "d"])  # a process's consecutive ranks
+    assert [r.done() for r in ranks] == [False, True, True, True, False, False]
+    replies.settle_all([0, 5], ["a", "f"])  # another process's, not consecutive
+    assert not replies.settled.is_set()
+    replies.settle_all([4], ["e"])
+    assert replies.all_ok() and [r.result() for r in ranks] == ["a", "b", "c", "d", "e", "f"]
 
 
 def test_waiting_for_one_rank_returns_once_another_thread_settles_it():
@@ -120,7 +130,7 @@ def test_one_call_names_the_call_only_when_every_future_is_one_of_its_ranks():
 
 def test_all_values_reads_a_call_answered_in_full_only_for_all_its_ranks_in_order():
     replies, ranks = _call(3)
-    replies.settle_all([(0, "a"), (1, "b")])
+    replies.settle_all([0, 1], ["a", "b"])
     assert all_values(replies, ranks) is None  # rank 2 still out
     replies.settle(2, "c", None)
     assert all_values(replies, ranks) == ["a", "b", "c"]

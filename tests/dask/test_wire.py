@@ -114,3 +114,40 @@ def test_a_lane_message_read_back_has_its_fields_and_small_frames_it_may_change(
         writer.join()
         sender.close()
         receiver.close()
+
+
+def test_a_batch_of_tuple_parts_is_one_write_and_one_of_dict_parts_brings_their_frames():
+    """A batch whose ranks share their arguments lists each rank as a tuple: nothing to
+    frame, so it is one pickle in one write; a batch whose parts are dicts carrying
+    serialized arguments still sends each part's frames after it, matched up on reading."""
+    sender, receiver = socket.socketpair()
+    stream = receiver.makefile("rb", buffering=1 << 16)
+    shared = {"op": "calls", "args": (), "kwargs": {}, "calls": [("g/0#a", 1, "k-0")] * 32}
+    parts = {
+        "op": "calls",
+        "calls": [
+            {"instance": f"g/{rank}#a", "args": pack((torch.full((2,), rank),), "a test")}
+            for rank in range(3)
+        ],
+    }
+    writes: list[int] = []
+
+    def send() -> None:
+        write_message(lambda data: (writes.append(len(data)), sender.sendall(data)), shared)
+        write_message(sender.sendall, parts)
+
+    writer = threading.Thread(target=send)
+    writer.start()
+    try:
+        got, _ = read_message(stream)
+        assert got == shared and len(writes) == 1
+        got, _ = read_message(stream)
+        assert [unpack(part["args"])[0].tolist() for part in got["calls"]] == [
+            [0, 0],
+            [1, 1],
+            [2, 2],
+        ]
+    finally:
+        writer.join()
+        sender.close()
+        receiver.close()

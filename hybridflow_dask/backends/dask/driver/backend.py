@@ -16,7 +16,9 @@ import atexit
 import collections
 import contextlib
 import dataclasses
+import itertools
 import logging
+import operator
 import threading
 import time
 import uuid
@@ -467,11 +469,15 @@ class DaskBackend:
         self._live.check_all(refs)
         seqs = self._next_seqs(refs)
         # ranks given the very same arguments share one view of them
-        view_args, view_kwargs = _ForWorker(), _ForWorker()
-        calls = [
-            RankCall(ref, seq, view_args(a), view_kwargs(kw))
-            for ref, seq, a, kw in zip(refs, seqs, args, kwargs)
-        ]
+        if _all_same(args) and _all_same(kwargs):  # ONE_TO_ALL: made once for all
+            a, kw = _for_worker(args[0]), _for_worker(kwargs[0])
+            calls = [RankCall(ref, seq, a, kw) for ref, seq in zip(refs, seqs)]
+        else:
+            view_args, view_kwargs = _ForWorker(), _ForWorker()
+            calls = [
+                RankCall(ref, seq, view_args(a), view_kwargs(kw))
+                for ref, seq, a, kw in zip(refs, seqs, args, kwargs)
+            ]
         limit = call_timeout()  # the limit in force when the call is made, on every wait
         deadline = None if limit is None else time.time() + limit
         try:
@@ -675,10 +681,16 @@ class DaskBackend:
 
     def _next_seqs(self, refs: Sequence[InstanceRef]) -> list[int]:
         """The next call number on each of ``refs``' instances."""
-        numbers, out = self._seq, []
+        keys = [ref.key for ref in refs]
+        numbers = self._seq
         with self._seq_lock:
-            for ref in refs:
-                seq = numbers[ref.key] = numbers.get(ref.key, 0) + 1
+            if len(set(keys)) == len(keys):  # each instance once (a group call): in bulk
+                out = [numbers.get(key, 0) + 1 for key in keys]
+                numbers.update(zip(keys, out))
+                return out
+            out = []
+            for key in keys:
+                seq = numbers[key] = numbers.get(key, 0) + 1
                 out.append(seq)
         return out
 
@@ -850,6 +862,12 @@ class _ForWorker:
         if values is not self._last:
             self._last, self._made = values, _for_worker(values)
         return self._made
+
+
+def _all_same(values: Sequence[Any]) -> bool:
+    """Whether ``values`` (a call's per-rank arguments) is one object over and over (in C:
+    it runs for every rank of a call)."""
+    return bool(values) and all(map(operator.is_, values, itertools.repeat(values[0])))
 
 
 def _for_worker(values: Any) -> Any:

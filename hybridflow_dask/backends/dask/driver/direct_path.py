@@ -32,6 +32,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from itertools import repeat
+from operator import attrgetter, is_
 from typing import Any, NamedTuple, cast
 
 from distributed import Future
@@ -197,20 +199,27 @@ class DirectPath:
         batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         made = parts.made
-        for index, call in enumerate(calls):
-            if not made[index].inputs and not made[index].known:
-                slot = call.ref.slot
-                process = (slot.address, slot.worker_id)
-                lane = lanes.get(process, _UNASKED)
-                if lane is _UNASKED:
-                    lane = lanes[process] = self._lane(slot)
-                if lane is not None:
-                    batch = batches.get(lane)
-                    if batch is None:
-                        batch = batches[lane] = []
+        for slot, run in _runs(calls):  # consecutive ranks of one worker process
+            process = (slot.address, slot.worker_id)
+            lane = lanes.get(process, _UNASKED)
+            if lane is _UNASKED:
+                lane = lanes[process] = self._lane(slot)
+            if lane is None:
+                for index in run:
+                    self._post(parts.message(index))
+                continue
+            batch = batches.get(lane)
+            if batch is None:
+                batch = batches[lane] = []
+            if parts.plain:  # no rank has future inputs: all of them go on the lane
+                batch += run
+                continue
+            for index in run:
+                if made[index].inputs or made[index].known:
+                    self._post(parts.message(index))
+                else:
                     batch.append(index)
-                    continue
-            self._post(parts.message(index))
+        batches = {lane: batch for lane, batch in batches.items() if batch}
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [i]) for lane, batch in together for i in batch]
@@ -256,7 +265,6 @@ class DirectPath:
         before anything is sent. Ranks given the very same argument objects share one
         packing of them. A blocking call's ranks are answered in ``RankReply``s of one
         ``Replies``; a non-blocking call's results are announced to the scheduler later."""
-        shared = _Shared()
         replies = Replies(calls, deadline) if blocking else None
         keys = task_keys(label, len(calls))
         common = {  # what every rank's message says alike
@@ -267,16 +275,25 @@ class DirectPath:
             "share": self._share,
             "deadline": deadline,
         }
-        made: list[_Made] = []
-        sent = 0
-        for call in calls:
-            this = shared.get(call.args, call.kwargs)
-            if this is None:
-                this = self._packed(call, label, for_later=not blocking)
-                shared.keep(call.args, call.kwargs, this)
-            made.append(this)
-            if isinstance(this.packed[0], Serialized):
-                sent += _frame_bytes(this.packed[0]) + _frame_bytes(this.packed[1])
+        one = _one_part(calls)
+        if one is not None:  # every rank has the very same arguments: packed once
+            this = self._packed(one, label, for_later=not blocking)
+            made = [this] * len(calls)
+            sent = len(calls) * _packed_bytes(this)
+            plain = not (this.inputs or this.known)
+        else:
+            shared = _Shared()
+            made = []
+            sent = 0
+            plain = True
+            for call in calls:
+                this = shared.get(call.args, call.kwargs)
+                if this is None:
+                    this = self._packed(call, label, for_later=not blocking)
+                    shared.keep(call.args, call.kwargs, this)
+                    plain = plain and not (this.inputs or this.known)
+                made.append(this)
+                sent += _packed_bytes(this)
         if sent:
             with self._lock:
                 self._counts["scattered"] += sent
@@ -286,7 +303,9 @@ class DirectPath:
             futures = [CallFuture(key, self.client, self._releases) for key in keys]
             for key in keys:
                 self.expect(key)
-        return _Parts(calls, keys, common, made, futures, replies)
+        return _Parts(
+            calls, keys, common, made, futures, replies, shared=one is not None, plain=plain
+        )
 
     def _packed(self, call: RankCall, label: str, *, for_later: bool) -> _Made:
         """A rank's arguments as its message carries them (packed unless plain), the
@@ -541,7 +560,7 @@ class DirectPath:
                 and len(results) == len(indices)
                 and reply.get("status") == "OK"
             ):
-                replies.settle_all(zip(indices, results))
+                replies.settle_all(indices, results)
                 return
             answers = reply.get("replies")  # a failure or a serialized value among them
             if not isinstance(answers, list) or len(answers) != len(indices):
@@ -799,7 +818,7 @@ class _Parts:
     makes no message per rank.
     """
 
-    __slots__ = ("calls", "common", "futures", "keys", "made", "replies")
+    __slots__ = ("calls", "common", "futures", "keys", "made", "plain", "replies", "shared")
 
     def __init__(
         self,
@@ -809,10 +828,17 @@ class _Parts:
         made: list[_Made],
         futures: list[Any],
         replies: Replies | None,
+        *,
+        shared: bool = False,
+        plain: bool = False,
     ) -> None:
         self.calls, self.keys, self.common = calls, keys, common
         #: Each rank's ``_Made`` (the very same one for ranks given the same arguments).
         self.made = made
+        #: Whether every rank's is the very same one.
+        self.shared = shared
+        #: Whether no rank has future inputs (every rank may go on a lane).
+        self.plain = plain
         self.futures = futures
         #: A blocking call's record (its ranks' futures are ``RankReply``s of it).
         self.replies = replies
@@ -840,7 +866,7 @@ class _Parts:
             "deadline": common["deadline"],
         }
         first = made[indices[0]]
-        if all(made[i] is first for i in indices):  # each rank's part: a plain tuple
+        if self.shared or all(made[i] is first for i in indices):  # a part: a plain tuple
             batch["args"], batch["kwargs"] = first.packed
             batch["calls"] = [(calls[i].ref.key, calls[i].seq, keys[i]) for i in indices]
         else:
@@ -891,6 +917,48 @@ class _Shared:
     def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
         self.args, self.kwargs, self.made = args, kwargs, made
         return made
+
+
+def _one_part(calls: Sequence[RankCall]) -> RankCall | None:
+    """The first of ``calls`` when every one has its very same arguments (``ONE_TO_ALL``:
+    the same tuple and dict), else ``None``. (In C: it runs for every rank of a call.)"""
+    if not calls:
+        return None
+    first = calls[0]
+    args, kwargs = repeat(first.args), repeat(first.kwargs)
+    if all(map(is_, map(_args_of, calls), args)) and all(map(is_, map(_kwargs_of, calls), kwargs)):
+        return first
+    return None
+
+
+_args_of = attrgetter("args")
+_kwargs_of = attrgetter("kwargs")
+
+
+def _runs(calls: Sequence[RankCall]) -> list[tuple[Slot, range]]:
+    """The ranks of ``calls`` as runs of consecutive ranks in one worker process: the
+    slot of each run's first, and the run's indices (a process's ranks are usually
+    consecutive, so a call looks up each process's lane once)."""
+    runs: list[tuple[Slot, range]] = []
+    start, address, worker = 0, None, None
+    slot: Slot | None = None
+    for index, call in enumerate(calls):
+        here = call.ref.slot
+        if here.address != address or here.worker_id != worker:
+            if slot is not None:
+                runs.append((slot, range(start, index)))
+            slot, start, address, worker = here, index, here.address, here.worker_id
+    if slot is not None:
+        runs.append((slot, range(start, len(calls))))
+    return runs
+
+
+def _packed_bytes(made: _Made) -> int:
+    """The bytes of a rank's packed arguments the driver sends (none when plain)."""
+    args, kwargs = made.packed
+    if isinstance(args, Serialized):
+        return _frame_bytes(args) + _frame_bytes(kwargs)
+    return 0
 
 
 def _nested_futures(values: Any) -> list[Future]:

@@ -21,7 +21,7 @@ import concurrent.futures
 import operator
 import threading
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from .call_path import RankCall
@@ -102,15 +102,24 @@ class Replies:
         if over:
             self.settled.set()
 
-    def settle_all(self, outcomes: Iterable[tuple[int, Any]]) -> None:
-        """``settle`` each good ``(index, value)``, under one lock for all of them."""
-        done, values = self._done, self._values
+    def settle_all(self, indices: Sequence[int], values: Sequence[Any]) -> None:
+        """``settle`` rank ``indices[i]`` with the good value ``values[i]``, for each
+        ``i``, under one lock for all of them (as slices when the ranks are consecutive
+        and none was settled yet: a process's ranks usually are, and it answers once)."""
+        done, kept = self._done, self._values
+        start, stop = indices[0], indices[-1] + 1
+        run = stop - start == len(indices) and list(range(start, stop)) == list(indices)
         with self._lock:
-            for index, value in outcomes:
-                if not done[index]:
-                    values[index] = value
-                    done[index] = True
-                    self._left -= 1
+            if run and not any(done[start:stop]):
+                kept[start:stop] = values
+                done[start:stop] = [True] * len(indices)  # (after the values: see settle)
+                self._left -= len(indices)
+            else:
+                for index, value in zip(indices, values):
+                    if not done[index]:
+                        kept[index] = value
+                        done[index] = True
+                        self._left -= 1
             over = self._told()
         if over:
             self.settled.set()

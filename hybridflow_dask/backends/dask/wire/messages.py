@@ -147,7 +147,7 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
     frames: list[Any] = []
     meta = _framed(msg, frames)
     for name, value in meta.items():
-        if type(value) is list and any(type(v) is dict for v in value):  # a batch's parts
+        if _has_parts(value):  # a batch's calls or replies, each a dict
             meta[name] = [_framed(v, frames) if type(v) is dict else v for v in value]
     body = pickle.dumps(meta, protocol=pickle.HIGHEST_PROTOCOL)
     sizes = [memoryview(f).nbytes for f in frames]
@@ -174,12 +174,19 @@ def write_message(write: Any, msg: dict, *, leave_in_place: bool = False) -> lis
 
 
 def may_have_frames(msg: dict) -> bool:
-    """Whether a value of ``msg`` is serialized (frames) or a list (a batch's parts).
-    (A loop: on the path of every call, where a generator costs a few µs more.)"""
+    """Whether a value of ``msg`` is serialized (frames) or a batch's parts as dicts
+    (which may hold some). (A loop: on the path of every call, where a generator costs
+    a few µs more.)"""
     for value in msg.values():  # noqa: SIM110 (the generator is what this avoids)
-        if isinstance(value, (Serialized, list)):
+        if isinstance(value, Serialized) or _has_parts(value):
             return True
     return False
+
+
+def _has_parts(value: Any) -> bool:
+    """Whether ``value`` is a batch's parts written as dicts (a batch's parts are all
+    dicts or all tuples: only its first is looked at, on a call to hundreds of ranks)."""
+    return type(value) is list and bool(value) and type(value[0]) is dict
 
 
 def _framed(values: dict, frames: list[Any]) -> dict[str, Any]:
@@ -329,7 +336,7 @@ def _framed_values(msg: dict) -> list[Framed]:
     batch's calls or replies)."""
     found = [value for value in msg.values() if isinstance(value, Framed)]
     for value in msg.values():
-        if type(value) is list:
+        if _has_parts(value):
             for item in value:
                 if type(item) is dict:
                     found += [v for v in item.values() if isinstance(v, Framed)]
