@@ -20,19 +20,22 @@ from hybridflow_dask.backends.dask.driver.call_path import RankCall
 from hybridflow_dask.backends.dask.driver.gather import wait_some
 from hybridflow_dask.backends.dask.driver.liveness import Liveness
 from hybridflow_dask.backends.dask.driver.replies import (
+    RankReplies,
     RankReply,
     Replies,
     all_values,
     one_call,
 )
+from hybridflow_dask.backends.dask.wire.keys import key_of, task_keys
 from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, write_message
 from hybridflow_dask.errors import ProtocolError
 
 
 def _call(count: int, deadline: float | None = None) -> tuple[Replies, list[RankReply]]:
     """A blocking call of ``step`` to ``count`` ranks of group ``g``, not sent anywhere."""
-    replies = Replies([RankCall(ref, 1, (), {}) for ref in _refs(count)], deadline)
-    return replies, [RankReply(f"g.step-{i}", replies, i) for i in range(count)]
+    calls = [RankCall(ref, 1, (), {}) for ref in _refs(count)]
+    replies = Replies(calls, task_keys("g.step", count), deadline)
+    return replies, list(RankReplies(replies))
 
 
 def test_a_rank_is_settled_once_and_a_later_outcome_changes_nothing():
@@ -139,6 +142,27 @@ def test_all_values_reads_a_call_answered_in_full_only_for_all_its_ranks_in_orde
     failed.settle(0, "a", None)
     failed.settle(1, None, KeyError("rank 1"))
     assert all_values(failed, [good, bad]) is None
+
+
+def test_a_call_answered_in_full_is_read_without_a_future_per_rank():
+    calls = [RankCall(ref, 1, (), {}) for ref in _refs(3)]
+    replies = Replies(calls, task_keys("g.step", 3))
+    ranks = RankReplies(replies)
+    replies.settle_all([0, 1, 2], ["a", "b", "c"])
+    assert one_call(ranks) is replies and all_values(replies, ranks) == ["a", "b", "c"]
+    assert ranks._made is None  # no rank was looked at one by one
+    assert [r.result() for r in ranks] == ["a", "b", "c"] and ranks[1] is ranks[1]
+
+
+def test_a_calls_keys_are_made_when_asked_and_the_same_on_both_ends():
+    first, second = task_keys("actor-rollout.step", 3), task_keys("actor-rollout.step", 2)
+    keys = [*first, *second]
+    assert len(set(keys)) == 5 and all(k.startswith("actor_rollout.step-") for k in keys)
+    assert all(len(k.rsplit("-", 1)[1]) == 32 for k in keys)
+    # a worker makes rank i's key from the call's (head, first) and i
+    assert [key_of((first.head, first.first), i) for i in range(3)] == list(first)
+    with pytest.raises(IndexError):
+        first[3]
 
 
 def _refs(count: int) -> list[InstanceRef]:

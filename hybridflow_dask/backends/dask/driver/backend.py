@@ -76,7 +76,7 @@ from .gather import Gathering, wait_some
 from .liveness import Liveness, TopicFanOut, dead_address, futures_in
 from .placement import WorkerInfo, assign_slots, workers_needed
 from .reachability import CONNECT_S, PROBE_S, Reachability
-from .replies import REPLY_KINDS
+from .replies import REPLY_KINDS, RankReplies
 from .task_path import TaskPath
 
 __all__ = ["DaskBackend"]
@@ -459,7 +459,7 @@ class DaskBackend:
         *,
         label: str,
         blocking: bool = False,
-    ) -> list[Any]:
+    ) -> Sequence[Any]:
         """One call to several ranks, the same flow on every path: a dead rank fails it
         before anything is sent; each rank's number orders it on its instance; a call that
         could not be sent is withdrawn (later calls must not wait for it); each result's
@@ -517,7 +517,10 @@ class DaskBackend:
         """
         self._check_open("gather results")
         try:
-            return self._gathering.gather(list(futures))
+            # (a blocking call's own futures are gathered from its record, not rank by rank)
+            return self._gathering.gather(
+                futures if type(futures) is RankReplies else list(futures)
+            )
         except Exception as exc:
             if self._closed:
                 raise self._closed_error("gather results") from exc

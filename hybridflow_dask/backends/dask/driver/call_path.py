@@ -78,7 +78,7 @@ class CallPath(Protocol):
         label: str,
         blocking: bool,
         deadline: float | None = None,
-    ) -> list[Any]:
+    ) -> Sequence[Any]:
         """Send ``method`` to each rank of ``calls`` (one future each, in order); their
         arguments are captured before this returns. ``deadline`` (``time.time()``): no
         worker starts its part after it."""

@@ -52,7 +52,7 @@ from ..internals import (
     pending_future,
     wait_future,
 )
-from ..wire.keys import InputKey, swap_inputs, task_key, task_keys
+from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
@@ -61,7 +61,7 @@ from .channel import Channel
 from .held import NOT_HELD, CallFuture, holding
 from .lane import Lane
 from .liveness import Liveness, futures_in
-from .replies import RankReply, Replies, ReplyFuture
+from .replies import RankReplies, RankReply, Replies, ReplyFuture
 
 __all__ = ["DirectPath"]
 
@@ -185,7 +185,7 @@ class DirectPath:
         label: str,
         blocking: bool,
         deadline: float | None = None,
-    ) -> list[Any]:
+    ) -> Sequence[Any]:
         """One message per rank, and per worker process one write: the ranks of a
         blocking call without future inputs go on their process's lane together (as one
         batch when the process hosts several of them), the others on its stream, which
@@ -265,8 +265,8 @@ class DirectPath:
         before anything is sent. Ranks given the very same argument objects share one
         packing of them. A blocking call's ranks are answered in ``RankReply``s of one
         ``Replies``; a non-blocking call's results are announced to the scheduler later."""
-        replies = Replies(calls, deadline) if blocking else None
         keys = task_keys(label, len(calls))
+        replies = Replies(calls, keys, deadline) if blocking else None
         common = {  # what every rank's message says alike
             "driver": self.driver_id,
             "method": method,
@@ -298,7 +298,7 @@ class DirectPath:
             with self._lock:
                 self._counts["scattered"] += sent
         if replies is not None:
-            futures: list[Any] = [RankReply(key, replies, i) for i, key in enumerate(keys)]
+            futures: Sequence[Any] = RankReplies(replies)
         else:
             futures = [CallFuture(key, self.client, self._releases) for key in keys]
             for key in keys:
@@ -823,10 +823,10 @@ class _Parts:
     def __init__(
         self,
         calls: Sequence[RankCall],
-        keys: list[str],
+        keys: KeyRun,
         common: dict[str, Any],
         made: list[_Made],
-        futures: list[Any],
+        futures: Sequence[Any],
         replies: Replies | None,
         *,
         shared: bool = False,
@@ -868,7 +868,9 @@ class _Parts:
         first = made[indices[0]]
         if self.shared or all(made[i] is first for i in indices):  # a part: a plain tuple
             batch["args"], batch["kwargs"] = first.packed
-            batch["calls"] = [(calls[i].ref.key, calls[i].seq, keys[i]) for i in indices]
+            # (its key made there, from the call's first key and its index: see KeyRun)
+            batch["keys"] = (keys.head, keys.first)
+            batch["calls"] = [(calls[i].ref.key, calls[i].seq, i) for i in indices]
         else:
             batch["calls"] = [
                 {

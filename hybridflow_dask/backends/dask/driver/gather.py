@@ -62,7 +62,7 @@ class Gathering:
         self._check_open = check_open
         self._check_reachable = check_reachable
 
-    def gather(self, futures: list[Any]) -> list[Any]:
+    def gather(self, futures: Sequence[Any]) -> list[Any]:
         """Wait for all, failing early on an error or a lost worker, then fetch (on the
         lanes where the path has them, else through Dask)."""
         call = one_call(futures)

@@ -89,7 +89,7 @@ class Liveness:
         argument objects (``ONE_TO_ALL``) are searched for input futures once."""
         together = one_call(futures) if len(futures) == len(calls) else None
         if together is not None:
-            key = futures[0].key
+            key = together.keys[0]  # (its first rank's: a call to no rank is not made)
             self._blocking[key] = weakref.ref(together, functools.partial(self._dropped, key))
             return
         inputs: list[Future] = []

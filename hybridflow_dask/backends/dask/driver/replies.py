@@ -21,13 +21,22 @@ import concurrent.futures
 import operator
 import threading
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Iterator, Sequence
+from typing import Any, overload
 
+from ..wire.keys import KeyRun
 from .call_path import RankCall
 from .lane import Lane, read_replies
 
-__all__ = ["REPLY_KINDS", "RankReply", "Replies", "ReplyFuture", "all_values", "one_call"]
+__all__ = [
+    "REPLY_KINDS",
+    "RankReplies",
+    "RankReply",
+    "Replies",
+    "ReplyFuture",
+    "all_values",
+    "one_call",
+]
 
 
 class Replies:
@@ -45,13 +54,18 @@ class Replies:
         "calls",
         "deadline",
         "failed",
+        "keys",
         "lanes",
         "settled",
     )
 
-    def __init__(self, calls: Sequence[RankCall], deadline: float | None = None) -> None:
+    def __init__(
+        self, calls: Sequence[RankCall], keys: KeyRun, deadline: float | None = None
+    ) -> None:
         #: Each rank's part (its instance, its number there, its arguments), by index.
         self.calls = calls
+        #: Each rank's key, by index.
+        self.keys = keys
         #: The call's deadline (``time.time()``), or ``None``.
         self.deadline = deadline
         count = len(calls)
@@ -167,10 +181,14 @@ class Replies:
 class RankReply:
     """One rank's part of a blocking call: a future of its value, settled by its call."""
 
-    __slots__ = ("index", "key", "replies")
+    __slots__ = ("index", "replies")
 
-    def __init__(self, key: str, replies: Replies, index: int) -> None:
-        self.key, self.replies, self.index = key, replies, index
+    def __init__(self, replies: Replies, index: int) -> None:
+        self.replies, self.index = replies, index
+
+    @property
+    def key(self) -> str:
+        return self.replies.keys[self.index]
 
     def done(self) -> bool:
         return self.replies.is_done(self.index)
@@ -200,8 +218,41 @@ class RankReply:
         return "error" if self.exception() is not None else "finished"
 
 
+class RankReplies(Sequence[RankReply]):
+    """A blocking call's futures, a ``RankReply`` per rank, made the first time one is
+    looked at: a call answered in full is gathered straight from its ``Replies``."""
+
+    __slots__ = ("_made", "replies")
+
+    def __init__(self, replies: Replies) -> None:
+        self.replies = replies
+        self._made: list[RankReply] | None = None
+
+    def __len__(self) -> int:
+        return len(self.replies.calls)
+
+    @overload
+    def __getitem__(self, index: int) -> RankReply: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RankReply]: ...
+
+    def __getitem__(self, index: int | slice) -> RankReply | list[RankReply]:
+        return self._ranks()[index]
+
+    def __iter__(self) -> Iterator[RankReply]:
+        return iter(self._ranks())
+
+    def _ranks(self) -> list[RankReply]:
+        if self._made is None:
+            self._made = [RankReply(self.replies, i) for i in range(len(self))]
+        return self._made
+
+
 def one_call(futures: Sequence[Any]) -> Replies | None:
     """The blocking call whose replies ``futures`` all are (all its ranks, or some), if any."""
+    if type(futures) is RankReplies:
+        return futures.replies
     first = futures[0] if futures else None
     if type(first) is not RankReply:
         return None
@@ -216,7 +267,8 @@ def all_values(call: Replies, futures: Sequence[Any]) -> list[Any] | None:
     answered in full without a failure (the common blocking call), else ``None``."""
     if not call.all_ok() or len(futures) != len(call.calls):
         return None
-    if list(map(_index_of, futures)) != list(range(len(futures))):
+    in_order = type(futures) is RankReplies and futures.replies is call
+    if not in_order and list(map(_index_of, futures)) != list(range(len(futures))):
         return None
     return list(call._values)
 

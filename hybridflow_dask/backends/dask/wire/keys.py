@@ -8,10 +8,10 @@ worker resolves itself.
 
 from __future__ import annotations
 
-import itertools
 import os
+import threading
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -22,8 +22,11 @@ __all__ = [
     "EVENT_TOPIC",
     "GROUP_DATASET",
     "InputKey",
+    "KeyRun",
+    "key_of",
     "swap_inputs",
     "task_key",
+    "task_keys",
 ]
 
 #: Prefix of the published datasets that list each group's instances (the backend writes them).
@@ -64,11 +67,41 @@ def task_key(label: str) -> str:
     return f"{label.replace('-', '_')}-{_key_ids.next()}"
 
 
-def task_keys(label: str, count: int) -> list[str]:
-    """``count`` keys as ``task_key(label)`` makes them, at once (a call to many ranks)."""
-    head = f"{label.replace('-', '_')}-{_key_ids.prefix()}"
-    counter = _key_ids.counter
-    return [f"{head}{next(counter):012x}" for _ in range(count)]
+def task_keys(label: str, count: int) -> KeyRun:
+    """``count`` keys as ``task_key(label)`` makes them, with consecutive ids (a call to
+    many ranks): each made only when asked for."""
+    return KeyRun(f"{label.replace('-', '_')}-{_key_ids.prefix()}", _key_ids.take(count), count)
+
+
+class KeyRun:
+    """The keys of one call's ranks, rank ``i``'s ``"{head}{first + i:012x}"``.
+
+    Made when asked for: a blocking call to hundreds of ranks names few of them in the
+    driver, and a batch of its ranks carries ``(head, first)`` once, each worker making
+    its own ranks' keys from their indices (``key_of``).
+    """
+
+    __slots__ = ("count", "first", "head")
+
+    def __init__(self, head: str, first: int, count: int) -> None:
+        self.head, self.first, self.count = head, first, count
+
+    def __len__(self) -> int:
+        return self.count
+
+    def __getitem__(self, index: int) -> str:
+        if not 0 <= index < self.count:
+            raise IndexError(f"rank index {index} is not in a call to {self.count} ranks")
+        return key_of((self.head, self.first), index)
+
+    def __iter__(self) -> Iterator[str]:
+        return (key_of((self.head, self.first), i) for i in range(self.count))
+
+
+def key_of(run: tuple[str, int], index: int) -> str:
+    """The key of rank ``index`` of the call whose ``KeyRun`` is ``(head, first)``."""
+    head, first = run
+    return f"{head}{first + index:012x}"
 
 
 class _KeyIds:
@@ -83,15 +116,27 @@ class _KeyIds:
     def __init__(self) -> None:
         self._pid = -1
         self._prefix = ""
-        self.counter = itertools.count()
+        self._next = 0
+        self._lock = threading.Lock()
+        os.register_at_fork(after_in_child=self._forked)
 
     def prefix(self) -> str:
         if self._pid != os.getpid():
             self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
         return self._prefix
 
+    def take(self, count: int) -> int:
+        """The first of ``count`` consecutive ids, none of them handed out before."""
+        with self._lock:
+            first = self._next
+            self._next += count
+        return first
+
     def next(self) -> str:
-        return f"{self.prefix()}{next(self.counter):012x}"
+        return f"{self.prefix()}{self.take(1):012x}"
+
+    def _forked(self) -> None:
+        self._lock = threading.Lock()  # (a thread of the parent may have held it)
 
 
 _key_ids = _KeyIds()

@@ -42,7 +42,7 @@ from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendabl
 from ..config import apply_buffer_cache, ensure_defaults, freeze_gc
 from ..internals import add_handlers, dont_reply, enter_worker, fetch_keys, register_keys
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
-from ..wire.keys import InputKey, swap_inputs
+from ..wire.keys import InputKey, key_of, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
 from ..wire.snapshot import SerializerCopy
@@ -509,9 +509,11 @@ def _lane_call_of(part: dict | tuple, msg: dict, result: Literal["now", "later"]
     """The call a lane message carries (``part`` is ``msg``), or one part of a batch:
     the driver, method and deadline are the message's; the instance, number, key and
     arguments the part's, where a part sharing its arguments with the others (the
-    batch's ``args``/``kwargs``) is the tuple ``(instance, seq, key)``."""
+    batch's ``args``/``kwargs``) is the tuple ``(instance, seq, index)``, its key the
+    call's ``index``-th (``msg["keys"]``: see ``KeyRun``)."""
     if isinstance(part, tuple):
-        instance, seq, key = part
+        instance, seq, index = part
+        key = key_of(msg["keys"], index)
         args, kwargs = msg["args"], msg["kwargs"]
     else:
         instance, seq, key = part["instance"], part["seq"], part["key"]
