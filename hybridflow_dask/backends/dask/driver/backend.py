@@ -16,9 +16,7 @@ import atexit
 import collections
 import contextlib
 import dataclasses
-import itertools
 import logging
-import operator
 import threading
 import time
 import uuid
@@ -67,7 +65,7 @@ from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
 from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
 from ..worker.used_mark import is_used, mark_used
-from .call_path import CallPath, RankCall
+from .call_path import CallPath, RankCall, all_are
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
@@ -469,7 +467,7 @@ class DaskBackend:
         self._live.check_all(refs)
         seqs = self._next_seqs(refs)
         # ranks given the very same arguments share one view of them
-        if _all_same(args) and _all_same(kwargs):  # ONE_TO_ALL: made once for all
+        if args and all_are(args, args[0]) and all_are(kwargs, kwargs[0]):  # ONE_TO_ALL
             a, kw = _for_worker(args[0]), _for_worker(kwargs[0])
             calls = [RankCall(ref, seq, a, kw) for ref, seq in zip(refs, seqs)]
         else:
@@ -865,12 +863,6 @@ class _ForWorker:
         if values is not self._last:
             self._last, self._made = values, _for_worker(values)
         return self._made
-
-
-def _all_same(values: Sequence[Any]) -> bool:
-    """Whether ``values`` (a call's per-rank arguments) is one object over and over (in C:
-    it runs for every rank of a call)."""
-    return bool(values) and all(map(operator.is_, values, itertools.repeat(values[0])))
 
 
 def _for_worker(values: Any) -> Any:

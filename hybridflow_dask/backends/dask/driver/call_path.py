@@ -17,14 +17,16 @@ method returns (see ``wire.snapshot``), and what the driver holds is an ordinary
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+import itertools
+import operator
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any, NamedTuple, Protocol
 
 from distributed import Future
 
 from ...base import InstanceRef, Slot
 
-__all__ = ["CallPath", "RankCall", "same_arguments", "same_objects"]
+__all__ = ["CallPath", "RankCall", "all_are", "same_arguments", "same_objects"]
 
 
 class RankCall(NamedTuple):
@@ -44,6 +46,12 @@ def same_objects(a: tuple | dict, b: tuple | dict) -> bool:
     if type(a) is dict:
         return type(b) is dict and a.keys() == b.keys() and all(a[k] is b[k] for k in a)
     return len(a) == len(b) and all(x is y for x, y in zip(a, b))
+
+
+def all_are(values: Iterable[Any], obj: Any) -> bool:
+    """Whether every one of ``values`` is ``obj`` itself (a call's ranks given the very
+    same arguments, as ``ONE_TO_ALL`` hands them): in C, as it runs for every rank."""
+    return all(map(operator.is_, values, itertools.repeat(obj)))
 
 
 def same_arguments(args: tuple, kwargs: dict, other_args: tuple, other_kwargs: dict) -> bool:

@@ -32,8 +32,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from itertools import repeat
-from operator import attrgetter, is_
+from operator import attrgetter
 from typing import Any, NamedTuple, cast
 
 from distributed import Future
@@ -56,7 +55,7 @@ from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
-from .call_path import RankCall, same_arguments
+from .call_path import RankCall, all_are, same_arguments
 from .channel import Channel
 from .held import NOT_HELD, CallFuture, holding
 from .lane import Lane
@@ -927,8 +926,7 @@ def _one_part(calls: Sequence[RankCall]) -> RankCall | None:
     if not calls:
         return None
     first = calls[0]
-    args, kwargs = repeat(first.args), repeat(first.kwargs)
-    if all(map(is_, map(_args_of, calls), args)) and all(map(is_, map(_kwargs_of, calls), kwargs)):
+    if all_are(map(_args_of, calls), first.args) and all_are(map(_kwargs_of, calls), first.kwargs):
         return first
     return None
 
