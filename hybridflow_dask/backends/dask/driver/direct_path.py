@@ -207,18 +207,14 @@ class DirectPath:
                 for index in run:
                     self._post(parts.message(index))
                 continue
-            batch = batches.get(lane)
-            if batch is None:
-                batch = batches[lane] = []
             if parts.plain:  # no rank has future inputs: all of them go on the lane
-                batch += run
+                batches.setdefault(lane, []).extend(run)
                 continue
             for index in run:
                 if made[index].inputs or made[index].known:
                     self._post(parts.message(index))
                 else:
-                    batch.append(index)
-        batches = {lane: batch for lane, batch in batches.items() if batch}
+                    batches.setdefault(lane, []).append(index)
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [i]) for lane, batch in together for i in batch]
