@@ -60,23 +60,27 @@ def _reuse_worker_processes():
 
 @pytest.fixture(scope="session", autouse=True)
 def _forked_worker_processes():
-    """Worker processes this suite's clusters start are forked from one server process
-    that imported torch, tensordict, Dask and the worker side once, instead of each
-    importing them afresh: a second backend of two workers is ready in about 0.3 s instead
-    of 2 s here, and a worker's first batch does not wait for tensordict's import.
+    """The backend's clusters fork their workers from one server process that imported
+    the worker side once (``hybridflow.worker-preload``); this suite adds tensordict to
+    its list, so that a worker's first batch does not wait for that import either, and
+    makes the clusters tests start with Dask's own nanny fork from the same server.
 
-    They are still separate processes, killed, restarted and replaced as before. The
-    server keeps the environment it started with, so a test that needs a variable in its
-    workers passes it to the cluster, not to ``os.environ``; the tests about what a fresh
-    worker imports start theirs with Dask's spawn. The package's own clusters keep Dask's
-    default (a fresh interpreter per worker, safe with CUDA)."""
+    The server keeps the environment it started with (a worker is given the driver's as
+    it starts, but preloaded libraries read theirs at import), so a test that needs a
+    variable in its workers passes it to the cluster; the tests about what a fresh worker
+    imports start theirs with a fresh interpreter (``worker-preload: []`` and spawn)."""
     from distributed.utils import get_mp_context
 
-    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
-        server = get_mp_context()  # sets Dask's own list of modules to preload, once
-        server.set_forkserver_preload(
-            ["distributed", "torch", "tensordict", "hybridflow_dask.backends.dask.worker.plugin"]
-        )
+    from hybridflow_dask.backends.dask.config import worker_preload
+
+    modules = [*worker_preload(), "tensordict"]
+    with dask.config.set(
+        {
+            "hybridflow.worker-preload": modules,
+            "distributed.worker.multiprocessing-method": "forkserver",
+        }
+    ):
+        get_mp_context().set_forkserver_preload(modules)
         yield
 
 

@@ -101,6 +101,9 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     import dask
     from distributed import LocalCluster
 
+    from ..backends.dask.config import worker_preload
+    from ..backends.dask.internals import ForkserverNanny
+
     n = int(pytestconfig.getini("hf_dask_workers"))
     with dask.config.set({"distributed.scheduler.no-workers-timeout": "3s"}):
         cluster = LocalCluster(
@@ -109,6 +112,8 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
             processes=True,
             host="127.0.0.1",
             dashboard_address="127.0.0.1:0",
+            worker_class=ForkserverNanny,
+            preload_once=worker_preload(),
         )
     yield cluster
     cluster.close()

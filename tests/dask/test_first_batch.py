@@ -51,7 +51,8 @@ def _loop_time() -> float:
 def fresh_backend():
     """A cluster of its own: the consumer's workers are new interpreters (Dask's spawn,
     not the suite's forked workers, which have tensordict imported already)."""
-    with dask.config.set({"distributed.worker.multiprocessing-method": "spawn"}):
+    fresh = {"distributed.worker.multiprocessing-method": "spawn", "hybridflow.worker-preload": []}
+    with dask.config.set(fresh):
         backend = DaskBackend(n_workers=4)
         yield backend
         backend.shutdown()

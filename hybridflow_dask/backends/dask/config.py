@@ -30,6 +30,7 @@ __all__ = [
     "socket_lane",
     "task_stream_length",
     "unreachable_timeout",
+    "worker_preload",
 ]
 
 _DEFAULTS = Path(__file__).with_name("hybridflow.yaml")
@@ -111,6 +112,20 @@ def freeze_gc() -> None:
 def fresh_processes() -> bool:
     """Whether a pool's workers are restarted before another pool takes them."""
     return bool(dask.config.get("hybridflow.fresh-processes"))
+
+
+def worker_preload() -> list[str]:
+    """The modules an owned local cluster's fork server imports for every worker process
+    (``hybridflow.worker-preload``); empty: each worker starts a fresh interpreter."""
+    raw = dask.config.get("hybridflow.worker-preload")
+    modules = [] if raw is None else raw
+    if not isinstance(modules, (list, tuple)) or not all(isinstance(m, str) and m for m in modules):
+        raise ValueError(
+            f"hybridflow.worker-preload must be a list of module names, got {raw!r}; set it "
+            "with dask.config.set({'hybridflow.worker-preload': ['torch', 'transformers']}), "
+            "or to [] for a fresh interpreter per worker"
+        )
+    return list(modules)
 
 
 def share_colocated_inputs() -> bool:

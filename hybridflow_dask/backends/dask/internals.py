@@ -12,7 +12,8 @@ in batches (``Releases``: the client's reference counts). The driver's own strea
 on a cluster it starts, the scheduler's keep shorter logs of recent messages
 (``cap_message_log``). On the scheduler, the dashboard page reads the published
 datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
-owned cluster overrides two ``SpecCluster`` methods. The list of workers is asked of the
+owned cluster overrides two ``SpecCluster`` methods, and its nannies start their worker
+processes from a fork server (``ForkserverNanny``). The list of workers is asked of the
 scheduler itself (``workers_of``): the client's cached answer races the client's own
 refresh. ``tests/dask/test_dask_internals.py`` exercises each one for real and fails
 loudly when a Dask release changes it; ``pyproject.toml`` bounds ``distributed`` to the
@@ -24,18 +25,23 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import os
 import socket
 import struct
 import sys
+import threading
 from collections.abc import Awaitable, Callable, Collection, Sequence
 from typing import Any
 
-from distributed import Future
+import dask.config
+from distributed import Future, Nanny
 from distributed.deploy.cluster import Cluster
 from distributed.diagnostics.task_stream import TaskStreamPlugin
+from distributed.utils import get_mp_context
 from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
+    "ForkserverNanny",
     "Releases",
     "add_dashboard_page",
     "add_handlers",
@@ -164,6 +170,61 @@ def owned_cluster_class(base: type, worker_prefix: str = "") -> type:
         methods["_new_worker_name"] = lambda self, number: f"{worker_prefix}{number}"
     owned = type(f"Owned{base.__name__}", (base,), methods)
     return owned
+
+
+#: Dask's setting for how a nanny starts its worker process ("spawn" by default).
+START_METHOD = "distributed.worker.multiprocessing-method"
+
+
+class ForkserverNanny(Nanny):
+    """A nanny whose worker process is forked from multiprocessing's fork server, which
+    imported ``preload_once`` once for every worker, instead of spawned as a fresh interpreter
+    that imports them again (~2 s of torch and Dask per worker here). With an empty
+    ``preload_once`` it is Dask's own nanny.
+
+    Dask has no per-nanny start method: ``WorkerProcess.start`` reads it from the global
+    config as it starts a process (``get_mp_context``). So ``forkserver`` is put in force
+    while one of these nannies starts its process and taken back once none does (a count:
+    several start at once, on one cluster's loop or several), and only where the setting
+    is still Dask's default ``spawn``: a method the user chose is theirs. A process forked
+    from the server has the server's environment, so each worker is given the driver's
+    environment as it is at that moment, as a spawned one would have (below the nanny's
+    own ``env``, which still wins).
+    """
+
+    _lock = threading.Lock()
+    _starting = 0  # these nannies starting a process now, in this driver
+    _put_back = False  # whether the last of them sets Dask's default again
+
+    def __init__(self, *args: Any, preload_once: Sequence[str] = (), **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._modules = list(preload_once)
+        self._own_env: dict[str, str] = dict(self.env)
+
+    async def instantiate(self) -> Any:
+        if not self._modules or dask.config.get(START_METHOD) not in ("spawn", "forkserver"):
+            return await super().instantiate()
+        env = {**os.environ, **self._own_env}
+        self.env = env
+        if self.process is not None:  # a restart starts the same ``WorkerProcess`` again
+            self.process.env = env
+        cls = ForkserverNanny
+        with cls._lock:
+            if cls._starting == 0 and dask.config.get(START_METHOD) == "spawn":
+                dask.config.set({START_METHOD: "forkserver"})
+                cls._put_back = True
+            cls._starting += 1
+        try:
+            # (Dask's first call under forkserver sets its own list; ours replaces it. The
+            # list only matters until the server starts, with the first worker.)
+            get_mp_context().set_forkserver_preload(self._modules)
+            return await super().instantiate()
+        finally:
+            with cls._lock:
+                cls._starting -= 1
+                if cls._starting == 0 and cls._put_back:
+                    dask.config.set({START_METHOD: "spawn"})
+                    cls._put_back = False
 
 
 def published_value(client: Any, name: str, default: Any) -> Any:

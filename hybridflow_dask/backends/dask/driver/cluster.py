@@ -17,8 +17,8 @@ from typing import Any
 import dask
 from distributed import LocalCluster
 
-from ..config import message_log_length, task_stream_length
-from ..internals import owned_cluster_class
+from ..config import message_log_length, task_stream_length, worker_preload
+from ..internals import ForkserverNanny, owned_cluster_class
 from ..wire.device_route import DEVICE_COMMS, ucx_available
 
 __all__ = [
@@ -143,6 +143,9 @@ def start_local_cluster(
             options.setdefault("processes", True)
             if options["processes"]:  # (a worker in this process reads this process's config)
                 options = _with_worker_config(options)
+                options.setdefault("worker_class", ForkserverNanny)
+                if options["worker_class"] is ForkserverNanny:
+                    options["preload_once"] = worker_preload()
             cluster = owned_cluster_class(LocalCluster, WORKER_PREFIX)(n_workers=0, **options)
             if n_workers:
                 cluster.scale(n_workers)
