@@ -26,6 +26,12 @@ class Probe(hf.Worker):
     def env(self, name):
         return os.environ.get(name)
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def torch_threads(self):
+        import torch
+
+        return torch.get_num_threads()
+
 
 def parents(backend: DaskBackend) -> set[int]:
     return set(backend.client.run(os.getppid).values())
@@ -52,6 +58,19 @@ def test_a_worker_started_later_gets_the_drivers_environment_of_that_moment(monk
             backend.client.restart()  # a new process, forked from the running server
             group = hf.WorkerGroup(hf.ResourcePool([1]), Probe, backend=backend)
             assert group.env("HF_SET_AFTER_THE_SERVER_STARTED") == ["late"]
+        finally:
+            backend.shutdown()
+
+
+def test_a_forked_workers_torch_runs_one_thread_as_a_spawned_ones_does():
+    # torch read OMP_NUM_THREADS as the server imported it: Dask's pre-spawn setting (1)
+    # must have been in place then, not this machine's core count
+    assert dask.config.get("distributed.nanny.pre-spawn-environ")["OMP_NUM_THREADS"] == 1
+    with dask.config.set({START_METHOD: "spawn"}):
+        backend = DaskBackend(n_workers=1)
+        try:
+            group = hf.WorkerGroup(hf.ResourcePool([1]), Probe, backend=backend)
+            assert group.torch_threads() == [1]
         finally:
             backend.shutdown()
 

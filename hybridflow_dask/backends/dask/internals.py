@@ -25,6 +25,8 @@ from __future__ import annotations
 import asyncio
 import collections
 import contextlib
+import multiprocessing
+import multiprocessing.forkserver
 import os
 import socket
 import struct
@@ -62,6 +64,7 @@ __all__ = [
     "register_keys",
     "reset_comm",
     "scheduler_streams",
+    "start_fork_server",
     "submit_as",
     "wait_all",
     "wait_future",
@@ -225,6 +228,25 @@ class ForkserverNanny(Nanny):
                 if cls._starting == 0 and cls._put_back:
                     dask.config.set({START_METHOD: "spawn"})
                     cls._put_back = False
+
+
+def start_fork_server(modules: Sequence[str]) -> None:
+    """Start the server ``ForkserverNanny``s fork from now, if they will (a cluster about
+    to start): its imports then run while the scheduler starts (~0.5-0.8 s with its
+    dashboard), instead of after it, when the first nanny starts its process. It starts
+    in the environment that nanny would have put in place first (Dask's
+    ``pre-spawn-environ``, one thread per numeric library, and its hash seed: what a
+    nanny's ``pre_spawn_env`` holds), since the libraries it preloads read theirs as they
+    are imported. A server already running is left as it is."""
+    if not modules or dask.config.get(START_METHOD) not in ("spawn", "forkserver"):
+        return
+    wanted = dask.config.get("distributed.nanny.pre-spawn-environ") or {}
+    env = {str(k): os.environ.get(str(k), str(v)) for k, v in wanted.items()}
+    if env.get("PYTHONHASHSEED") in (None, "0"):
+        env["PYTHONHASHSEED"] = "6640"  # Dask's seed for its workers
+    os.environ.update(env)  # (as every nanny does before it starts a process)
+    multiprocessing.get_context("forkserver").set_forkserver_preload(list(modules))
+    multiprocessing.forkserver.ensure_running()
 
 
 def published_value(client: Any, name: str, default: Any) -> Any:

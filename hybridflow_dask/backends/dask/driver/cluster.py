@@ -18,7 +18,7 @@ import dask
 from distributed import LocalCluster
 
 from ..config import message_log_length, task_stream_length, worker_preload
-from ..internals import ForkserverNanny, owned_cluster_class
+from ..internals import ForkserverNanny, owned_cluster_class, start_fork_server
 from ..wire.device_route import DEVICE_COMMS, ucx_available
 
 __all__ = [
@@ -146,6 +146,7 @@ def start_local_cluster(
                 options.setdefault("worker_class", ForkserverNanny)
                 if options["worker_class"] is ForkserverNanny:
                     options["preload_once"] = worker_preload()
+                    start_fork_server(options["preload_once"])
             cluster = owned_cluster_class(LocalCluster, WORKER_PREFIX)(n_workers=0, **options)
             if n_workers:
                 cluster.scale(n_workers)
