@@ -60,27 +60,24 @@ def _reuse_worker_processes():
 
 @pytest.fixture(scope="session", autouse=True)
 def _forked_worker_processes():
-    """The backend's clusters fork their workers from one server process that imported
-    the worker side once (``hybridflow.worker-preload``); this suite adds tensordict to
-    its list, so that a worker's first batch does not wait for that import either, and
-    makes the clusters tests start with Dask's own nanny fork from the same server.
+    """Every cluster this suite starts, the backend's and those tests make with Dask's
+    own nanny, forks its workers from one server that imported torch, tensordict, Dask
+    and the worker side once (the backend's own clusters fork theirs too, but without
+    tensordict: this way a worker's first batch does not wait for that import either).
+    With Dask's start method chosen here, the backend leaves it and this list alone.
 
     The server keeps the environment it started with (a worker is given the driver's as
     it starts, but preloaded libraries read theirs at import), so a test that needs a
     variable in its workers passes it to the cluster; the tests about what a fresh worker
-    imports start theirs with a fresh interpreter (``worker-preload: []`` and spawn)."""
+    imports start theirs from a fresh interpreter (spawn, ``worker-preload: []``), and the
+    tests about the backend's own fork server start from Dask's default."""
     from distributed.utils import get_mp_context
 
     from hybridflow_dask.backends.dask.config import worker_preload
 
-    modules = [*worker_preload(), "tensordict"]
-    with dask.config.set(
-        {
-            "hybridflow.worker-preload": modules,
-            "distributed.worker.multiprocessing-method": "forkserver",
-        }
-    ):
-        get_mp_context().set_forkserver_preload(modules)
+    with dask.config.set({"distributed.worker.multiprocessing-method": "forkserver"}):
+        server = get_mp_context()  # sets Dask's own list of modules to preload, once
+        server.set_forkserver_preload([*worker_preload(), "tensordict"])
         yield
 
 

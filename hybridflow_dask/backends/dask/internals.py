@@ -181,23 +181,22 @@ START_METHOD = "distributed.worker.multiprocessing-method"
 
 class ForkserverNanny(Nanny):
     """A nanny whose worker process is forked from multiprocessing's fork server, which
-    imported ``preload_once`` once for every worker, instead of spawned as a fresh interpreter
-    that imports them again (~2 s of torch and Dask per worker here). With an empty
-    ``preload_once`` it is Dask's own nanny.
+    imported ``preload_once`` once for every worker, instead of spawned as a fresh
+    interpreter that imports them again (~2 s of torch and Dask per worker here). With an
+    empty ``preload_once`` it is Dask's own nanny.
 
     Dask has no per-nanny start method: ``WorkerProcess.start`` reads it from the global
-    config as it starts a process (``get_mp_context``). So ``forkserver`` is put in force
-    while one of these nannies starts its process and taken back once none does (a count:
-    several start at once, on one cluster's loop or several), and only where the setting
-    is still Dask's default ``spawn``: a method the user chose is theirs. A process forked
-    from the server has the server's environment, so each worker is given the driver's
-    environment as it is at that moment, as a spawned one would have (below the nanny's
-    own ``env``, which still wins).
+    config as it starts a process (``get_mp_context``). So these nannies put
+    ``forkserver``, and their list of modules, in force only while one of them starts
+    its process, and only over Dask's default ``spawn`` (a count under a lock: several
+    start at once, on one cluster's loop or several); a start method the user chose is
+    theirs, and so is a fork server's list. A process forked from the server has the
+    server's environment, so each worker is given the driver's environment as it is at
+    that moment, as a spawned one would have (below the nanny's own ``env``, which wins).
     """
 
     _lock = threading.Lock()
-    _starting = 0  # these nannies starting a process now, in this driver
-    _put_back = False  # whether the last of them sets Dask's default again
+    _starting = 0  # these nannies starting a process under the forkserver they put in force
 
     def __init__(self, *args: Any, preload_once: Sequence[str] = (), **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -205,7 +204,7 @@ class ForkserverNanny(Nanny):
         self._own_env: dict[str, str] = dict(self.env)
 
     async def instantiate(self) -> Any:
-        if not self._modules or dask.config.get(START_METHOD) not in ("spawn", "forkserver"):
+        if not self._modules:
             return await super().instantiate()
         env = {**os.environ, **self._own_env}
         self.env = env
@@ -213,32 +212,40 @@ class ForkserverNanny(Nanny):
             self.process.env = env
         cls = ForkserverNanny
         with cls._lock:
-            if cls._starting == 0 and dask.config.get(START_METHOD) == "spawn":
-                dask.config.set({START_METHOD: "forkserver"})
-                cls._put_back = True
-            cls._starting += 1
+            ours = cls._starting > 0 or _owns_start_method()
+            if ours:
+                if cls._starting == 0:
+                    dask.config.set({START_METHOD: "forkserver"})
+                cls._starting += 1
+        if not ours:
+            return await super().instantiate()
         try:
-            # (Dask's first call under forkserver sets its own list; ours replaces it. The
+            # (Dask's first call under forkserver sets its own list; ours replaces it. A
             # list only matters until the server starts, with the first worker.)
             get_mp_context().set_forkserver_preload(self._modules)
             return await super().instantiate()
         finally:
             with cls._lock:
                 cls._starting -= 1
-                if cls._starting == 0 and cls._put_back:
+                if cls._starting == 0:
                     dask.config.set({START_METHOD: "spawn"})
-                    cls._put_back = False
+
+
+def _owns_start_method() -> bool:
+    """Whether Dask's start method is still its default, ours to change while we start."""
+    return dask.config.get(START_METHOD) == "spawn"
 
 
 def start_fork_server(modules: Sequence[str]) -> None:
-    """Start the server ``ForkserverNanny``s fork from now, if they will (a cluster about
-    to start): its imports then run while the scheduler starts (~0.5-0.8 s with its
+    """Start the server ``ForkserverNanny``s fork from now (a cluster of them is about to
+    start): its imports then run while the scheduler starts (~0.5-0.8 s with its
     dashboard), instead of after it, when the first nanny starts its process. It starts
     in the environment that nanny would have put in place first (Dask's
     ``pre-spawn-environ``, one thread per numeric library, and its hash seed: what a
     nanny's ``pre_spawn_env`` holds), since the libraries it preloads read theirs as they
-    are imported. A server already running is left as it is."""
-    if not modules or dask.config.get(START_METHOD) not in ("spawn", "forkserver"):
+    are imported. A server already running is left as it is, and so is a start method
+    the user chose."""
+    if not modules or not _owns_start_method():
         return
     wanted = dask.config.get("distributed.nanny.pre-spawn-environ") or {}
     env = {str(k): os.environ.get(str(k), str(v)) for k, v in wanted.items()}
