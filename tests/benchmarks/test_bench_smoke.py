@@ -76,6 +76,7 @@ def test_compare_verl_quick(tmp_path: Path) -> None:
     cases = {row["case"]: row for row in result["table"]}
     assert set(cases) == {
         "backend + group of 2 ready",
+        "first backend + group of 2 ready",
         "no-op ONE_TO_ALL call",
         "no-op RANK_ZERO call",
         "back-to-back non-blocking no-op calls",
