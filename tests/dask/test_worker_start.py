@@ -9,6 +9,8 @@ default: these tests start from that default (``spawn``), not the suite's own se
 from __future__ import annotations
 
 import os
+import signal
+import time
 
 import dask
 import pytest
@@ -37,6 +39,15 @@ def parents(backend: DaskBackend) -> set[int]:
     return set(backend.client.run(os.getppid).values())
 
 
+def wait_put_back(timeout: float = 30) -> None:
+    """Dask's start method is put back as the nannies' starts end, a moment after their
+    workers registered (what ``wait_for_workers`` waits for)."""
+    deadline = time.monotonic() + timeout
+    while dask.config.get(START_METHOD) != "spawn":
+        assert time.monotonic() < deadline, "Dask's start method was not put back"
+        time.sleep(0.05)
+
+
 def test_workers_are_forked_from_one_server_and_dask_keeps_its_setting():
     with dask.config.set({START_METHOD: "spawn"}):
         backend = DaskBackend(n_workers=2)
@@ -44,7 +55,28 @@ def test_workers_are_forked_from_one_server_and_dask_keeps_its_setting():
             backend.client.wait_for_workers(2)
             (server,) = parents(backend)  # one parent for both
             assert server != os.getpid()  # not the driver (whose nannies spawn otherwise)
-            assert dask.config.get(START_METHOD) == "spawn"
+            wait_put_back()
+        finally:
+            backend.shutdown()
+
+
+def test_a_killed_worker_is_restarted_by_its_nanny_from_the_same_server():
+    with dask.config.set({START_METHOD: "spawn"}):
+        backend = DaskBackend(n_workers=1)
+        try:
+            backend.client.wait_for_workers(1)
+            (server,) = parents(backend)
+            (killed,) = backend.client.run(os.getpid).values()
+            os.kill(killed, signal.SIGKILL)
+            deadline = time.monotonic() + 60
+            while True:  # the nanny starts a new process, which registers again
+                pids = set(backend.client.run(os.getpid, on_error="ignore").values())
+                if pids and killed not in pids:
+                    break
+                assert time.monotonic() < deadline, "the killed worker never came back"
+                time.sleep(0.1)
+            assert parents(backend) == {server}
+            wait_put_back()
         finally:
             backend.shutdown()
 
