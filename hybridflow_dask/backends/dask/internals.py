@@ -15,9 +15,9 @@ datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation 
 owned cluster overrides two ``SpecCluster`` methods, and its nannies start their worker
 processes from a fork server (``ForkserverNanny``). The list of workers is asked of the
 scheduler itself (``workers_of``): the client's cached answer races the client's own
-refresh. ``tests/dask/test_dask_internals.py`` exercises each one for real and fails
-loudly when a Dask release changes it; ``pyproject.toml`` bounds ``distributed`` to the
-versions it passed on.
+refresh. ``tests/dask/test_dask_internals.py`` (the fork server: ``test_worker_start.py``)
+exercises each one for real and fails loudly when a Dask release changes it;
+``pyproject.toml`` bounds ``distributed`` to the versions it passed on.
 """
 
 from __future__ import annotations
