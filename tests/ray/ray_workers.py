@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 import time
 from typing import Any
 
@@ -24,6 +25,10 @@ class Echo(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def pid(self) -> int:
         return os.getpid()
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def thread(self) -> str:
+        return threading.current_thread().name
 
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def count(self) -> int:
@@ -59,3 +64,14 @@ class Echo(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL, materialize_futures=False)
     def resolve(self, data: Any) -> list[float]:
         return hf.get(data).batch["x"].tolist()
+
+
+class AsyncEcho(Echo):
+    """An ``Echo`` with an ``async def`` method: its calls may overlap."""
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    async def nap(self, seconds: float) -> float:
+        import asyncio
+
+        await asyncio.sleep(seconds)
+        return seconds

@@ -19,7 +19,7 @@ import pytest
 ray = pytest.importorskip("ray", reason="ray is not installed (pip install 'hybridflow-dask[ray]')")
 
 import torch  # noqa: E402
-from ray_workers import Echo  # noqa: E402
+from ray_workers import AsyncEcho, Echo  # noqa: E402
 
 import hybridflow_dask as hf  # noqa: E402
 from hybridflow_dask import runtime  # noqa: E402
@@ -101,6 +101,23 @@ def test_a_long_call_does_not_hold_up_routing_on_its_slot(groups, backend):
     assert backend.gather([routed]) == pids
     assert time.monotonic() - start < 2.0, "a routing function waited for a method to end"
     assert hf.get(sleeping) == [3.0]
+
+
+def test_colocated_instances_run_every_call_on_their_slot_actors_one_thread(groups):
+    pool = hf.ResourcePool([1])
+    first, second = groups(pool), groups(pool)
+    (thread,) = set(first.thread() + second.thread() + first.thread())
+    assert not thread.startswith("hf-"), f"a call was handed to a thread of its own ({thread})"
+
+
+def test_an_instance_with_async_methods_gets_a_thread_of_its_own(backend):
+    group = hf.WorkerGroup(hf.ResourcePool([1]), AsyncEcho, backend=backend)
+    try:
+        (name,) = group.thread()
+        assert name.startswith("hf-"), f"its calls ran on the slot actor's thread ({name})"
+        assert group.nap(0.01) == [0.01]
+    finally:
+        group.shutdown()
 
 
 def test_more_calls_than_a_slot_actor_has_threads_wait_in_ray_and_run_in_order(groups, backend):

@@ -55,6 +55,8 @@ _CLOSE: Any = object()  # the job that ends an actor's thread
 
 _SKIP = object()  # a sequence number that will never be called
 
+_DONE = object()  # what ``drive`` waited for is settled
+
 
 def release_device_memory() -> None:
     """GPU only, once an instance is gone: give the CUDA memory torch's caching allocator
@@ -95,6 +97,7 @@ class Actor:
         env: dict[str, str],
         gate: EnvGate,
         enter: Callable[[Actor], None] | None = None,
+        own_thread: bool = True,
     ) -> None:
         self.ref = ref
         #: Run first in each of the instance's threads (the transport's context for user
@@ -113,8 +116,13 @@ class Actor:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
         self._slots: asyncio.Semaphore | None = None
-        self._thread = threading.Thread(target=self._serve, name=f"hf-{ref.name}", daemon=True)
-        self._thread.start()
+        #: ``False``: the transport lends its thread instead, ``drive`` running the calls
+        #: in it (always the same one: Ray's one default thread of a slot actor).
+        self.own_thread = own_thread
+        self._entered = False
+        if own_thread:
+            name = f"hf-{ref.name}"
+            threading.Thread(target=self._serve, name=name, daemon=True).start()
 
     # -- what the table asks ----------------------------------------------------------------
 
@@ -193,18 +201,45 @@ class Actor:
         while True:
             with self._cond:
                 entry = self._cond.wait_for(self._next_job)
-            if entry is _CLOSE:
+            if not self._take(entry):
                 return
-            job, done, deadline, seq, order = entry
-            if job is _CLOSE:
-                self._finish_close(done)
+            entry = None  # (nothing of a call stays referenced while the next is awaited)
+
+    def drive(self, until: concurrent.futures.Future) -> None:
+        """Run this actor's jobs, in their order, in the calling thread until ``until`` is
+        done (or the actor is closed): for an actor without a thread of its own, whose
+        transport lends it the one thread all its calls arrive on."""
+        if not self._entered and self._enter is not None:
+            self._entered = True
+            self._enter(self)
+
+        def next_job() -> Any:
+            return _DONE if until.done() else self._next_job()
+
+        def wake(_: object) -> None:  # ``until`` may be settled in another thread
+            with self._cond:
+                self._cond.notify_all()
+
+        until.add_done_callback(wake)
+        while True:
+            with self._cond:
+                entry = self._cond.wait_for(next_job)
+            if entry is _DONE or not self._take(entry):
                 return
-            wanted = getattr(done, "wanted", None)  # a future cancelled meanwhile: not run
-            if wanted is None or wanted():
-                self._run(job, done, deadline, seq, order)
-            # Nothing of this call (its inputs, its result) may stay referenced from this
-            # frame while the thread waits for the next one.
-            entry = job = done = None
+            entry = None
+
+    def _take(self, entry: Any) -> bool:
+        """Run one entry of the table; ``False`` once the actor is closed."""
+        if entry is _CLOSE:
+            return False
+        job, done, deadline, seq, order = entry
+        if job is _CLOSE:
+            self._finish_close(done)
+            return False
+        wanted = getattr(done, "wanted", None)  # a future cancelled meanwhile: not run
+        if wanted is None or wanted():
+            self._run(job, done, deadline, seq, order)
+        return True
 
     def _next_job(self) -> Any:
         if self._closing:

@@ -136,9 +136,10 @@ class Instances:
                 "was shut down, or the worker restarted (see WorkerGroup.recover)"
             ) from None
 
-    def add(self, ref: InstanceRef, env: dict[str, str]) -> Actor:
-        """A new actor for ``ref`` (replacing one under the same key)."""
-        actor = Actor(ref, env, self.gate, self._enter)
+    def add(self, ref: InstanceRef, env: dict[str, str], own_thread: bool = True) -> Actor:
+        """A new actor for ``ref`` (replacing one under the same key); ``own_thread=False``:
+        one its transport drives in a thread it lends (``Actor.drive``)."""
+        actor = Actor(ref, env, self.gate, self._enter, own_thread)
         with self._lock:
             old = self._actors.pop(ref.key, None)
             self._actors[ref.key] = actor
@@ -205,9 +206,10 @@ class Instances:
         env: dict[str, str],
         call: Call,
         resolve: Callable[[tuple, dict], Resolved],
+        own_thread: bool = True,
     ) -> concurrent.futures.Future:
         """``construct`` from a thread that must not wait: the future holds its outcome."""
-        actor = self.add(ref, env)
+        actor = self.add(ref, env, own_thread)
         record = self.log.begin(ref, call.key, "__init__", call.path)
         try:
             resolved = resolve(call.args, call.kwargs)

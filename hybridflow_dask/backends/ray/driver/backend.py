@@ -23,8 +23,9 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
+from ...hosting.jobs import has_coroutines
 from ..futures import RayFuture, SlotRunner, mark_inputs, resolve_all, translate
-from ..worker.slot_actor import CALL_THREADS, CONCURRENCY_GROUPS, SlotActor
+from ..worker.slot_actor import CONCURRENCY_GROUPS, SlotActor
 from .connect import check_answers, with_driver_paths
 from .registry import REGISTRY_NAME, RegistryActor
 
@@ -154,6 +155,8 @@ class RayBackend:
         self._watches: dict[str, ray.ObjectRef] = {}
         self._dead: set[str] = set()
         self._groups: dict[str, dict[int, InstanceRef]] = {}  # made by this backend
+        #: The instances that run on their slot actor's one default thread, by key.
+        self._lent: set[str] = set()
         self._closed = False
         self._registry = RegistryActor.options(
             name=REGISTRY_NAME,
@@ -301,12 +304,18 @@ class RayBackend:
         self._check_usable(ref.slot, ref)
         handle = self._handle(ref.slot)
         args, kwargs = mark_inputs(args, self._view), mark_inputs(kwargs, self._view)
+        lent = not has_coroutines(cls)  # (calls of async methods overlap: a thread of their own)
+        if lent:
+            with self._lock:
+                self._lent.add(ref.key)
+        create = handle.create if lent else handle.create_threaded
         with self._order(ref.key):
             self._seq[ref.key] = 1
-            object_ref = handle.create.remote(ref, cls, args, kwargs, dict(env), self.driver_id, 1)
+            object_ref = create.remote(ref, cls, args, kwargs, dict(env), self.driver_id, 1)
         with self._lock:
             self._groups.setdefault(ref.group, {})[ref.rank] = ref
-        self._ask(self._registry.put.remote(ref.group, ref.rank, ref.uid, pickle.dumps(ref)))
+        entry = pickle.dumps((ref, lent))
+        self._ask(self._registry.put.remote(ref.group, ref.rank, ref.uid, entry))
         return RayFuture(object_ref, ref.slot, f"{ref.group}.__init__ on rank {ref.rank}")
 
     def call(
@@ -328,7 +337,8 @@ class RayBackend:
             self._seq[ref.key] = seq
             try:
                 message = (ref.key, self.driver_id, seq, method, args, kwargs)
-                object_ref = handle.call.remote(message)
+                call = handle.call if ref.key in self._lent else handle.call_threaded
+                object_ref = call.remote(message)
             except BaseException as exc:  # not sent (e.g. an argument Ray cannot pickle)
                 handle.skip.remote(ref.key, self.driver_id, seq)
                 if isinstance(exc, TypeError):  # named as every backend names it
@@ -352,13 +362,17 @@ class RayBackend:
                     del members[ref.rank]
                 if not members:
                     self._groups.pop(ref.group, None)
+            lent = ref.key in self._lent
             if ref.slot.address not in self._dead:
                 with contextlib.suppress(Exception), self._order(ref.key):
                     seq = self._seq.get(ref.key, 0) + 1
-                    self._handle(ref.slot).destroy.remote(ref.key, self.driver_id, seq)
+                    handle = self._handle(ref.slot)
+                    destroy = handle.destroy if lent else handle.destroy_threaded
+                    destroy.remote(ref.key, self.driver_id, seq)
             with self._lock:  # the instance is gone: so is its numbering
                 self._seq.pop(ref.key, None)
                 self._order_locks.pop(ref.key, None)
+                self._lent.discard(ref.key)
         for group, uids in by_group.items():
             with contextlib.suppress(Exception):
                 self._ask(self._registry.drop.remote(group, uids))
@@ -366,7 +380,13 @@ class RayBackend:
     def lookup(self, group: str) -> list[InstanceRef]:
         self._check_open()
         blobs = self._ask(self._registry.get.remote(group))
-        return sorted((pickle.loads(b) for b in blobs), key=lambda r: r.rank)
+        refs = []
+        for ref, lent in (pickle.loads(b) for b in blobs):
+            if lent:  # (a call to it must go to its slot actor's default thread)
+                with self._lock:
+                    self._lent.add(ref.key)
+            refs.append(ref)
+        return sorted(refs, key=lambda r: r.rank)
 
     # -- futures ------------------------------------------------------------------------
 
@@ -443,7 +463,7 @@ class RayBackend:
             num_cpus=cpus,
             num_gpus=gpus,
             resources=resources,
-            max_concurrency=CALL_THREADS,
+            max_concurrency=1,  # the default group: the one thread its instances run on
             max_restarts=0,
             scheduling_strategy=PlacementGroupSchedulingStrategy(
                 pg, placement_group_bundle_index=index

@@ -1,25 +1,28 @@
 """The cluster side of the Ray backend: one ``SlotActor`` per slot.
 
-A ``SlotActor`` is a threaded Ray actor living in one placement-group bundle. It hosts
-every instance placed on its slot (the ranks of colocated groups) in the backend-neutral
-``hosting.Instances``: an actor each (a thread, an event loop for ``async def`` methods,
-an environment switched in while it runs, calls taken in the driver's sequence order),
-and the one call flow every backend's calls go through. This module only translates
-Ray's actor calls into that flow. Ray runs each actor call on a thread of its
-concurrency group: ``calls`` (creations, calls and teardowns, which wait there for
-their inputs and their instance's turn), ``control`` (the driver's short questions and
-``skip``, which must get through while calls wait for the turn it gives up), and
-``fns`` (routing functions); ``watch``, the call the driver uses to see this process
-die, waits on a group of its own. So a long method never holds up a routing function,
-another instance's call or the driver's questions. (Colocated instances with different
-environments still take turns: there is one ``os.environ`` per process, and the
-``EnvGate`` lets only calls of equal environments run at once.)
+A ``SlotActor`` is a Ray actor living in one placement-group bundle. It hosts every
+instance placed on its slot (the ranks of colocated groups) in the backend-neutral
+``hosting.Instances``: an actor each (its calls taken in the driver's sequence order, an
+event loop for ``async def`` methods, an environment switched in while it runs), and the
+one call flow every backend's calls go through. This module only translates Ray's actor
+calls into that flow. Ray runs each actor call on a thread of its concurrency group:
 
-A threaded actor, not an async one: Ray's thread hands a call to its instance's thread
-and waits, which costs less than an event loop in between (3-18% less per no-op call,
-measured side by side). A waiting call holds its thread, and Ray takes a caller's calls
-in the order they arrive, so the earliest call not yet run always has a thread: later
-calls waiting for its turn cannot keep it out.
+- the default group has **one** thread, and the instances run on it: ``__init__`` and
+  every call of an instance run right there (``create``, ``call``, ``destroy``;
+  ``Actor.drive``), in the order Ray delivers them, which is the driver's (Ray keeps a
+  caller's order on a group of one thread). No hand-off to another thread: it was half
+  of what a call cost the host (a plain Ray actor ran a burst of no-op calls at
+  2,200-2,400/s, one handing each call to a thread of its own at ~1,000/s). Colocated
+  instances lose nothing by sharing it: their environments differ (``WG_PREFIX`` at
+  least), so the ``EnvGate`` made them take turns on threads of their own too;
+- ``calls``: instances whose class has ``async def`` methods, each on a thread of its
+  own (their coroutine calls overlap, on a loop of their own); Ray's thread waits for
+  it (``*_threaded``);
+- ``control`` (the driver's short questions and ``skip``, which must get through while
+  calls wait for the turn it gives up), ``fns`` (routing functions) and ``watch`` (the
+  call the driver uses to see this process die).
+
+So a long method never holds up a routing function or the driver's questions.
 
 Three things are done here rather than left to Ray, each for a reason:
 
@@ -28,9 +31,8 @@ Three things are done here rather than left to Ray, each for a reason:
   must still take its turn (and give it up), or every later call on its instance would
   wait for it forever;
 - **order** comes from the driver's sequence numbers, not from Ray's actor queue: Ray
-  keeps submission order only for single-threaded actors, which would run colocated
-  instances and routing functions one at a time (and deadlock a method that resolves a
-  future routed through its own slot);
+  keeps a caller's order only on a group of one thread, and the ``calls`` group has many
+  (a call that arrives early waits there for its turn, holding its thread);
 - **results** are copied in the instance's thread as the method returns (the flow's
   ``"kept"`` results): Ray serializes the return value after the call's thread gets it,
   by when the instance's next call may be changing it.
@@ -52,9 +54,11 @@ from ..futures import Input, has_inputs, is_lost, translate, writable
 __all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "SlotActor"]
 
 #: Threads per concurrency group of a slot actor (Ray makes them as the actor starts).
-#: ``calls`` bounds the calls a host has in flight at once (the rest wait in Ray's queue).
+#: ``calls`` (the calls of instances with threads of their own) bounds the calls a host
+#: has in flight at once for them (the rest wait in Ray's queue); the default group has
+#: one thread, the other instances' (set where the actor is made).
 CALL_THREADS = 128
-CONCURRENCY_GROUPS = {"control": 4, "fns": 4, "watch": 2}
+CONCURRENCY_GROUPS = {"calls": CALL_THREADS, "control": 4, "fns": 4, "watch": 2}
 #: How long a call waits for its instance to be created (its create may still be
 #: fetching large arguments when the call arrives).
 BIRTH_WAIT_S = 60.0
@@ -118,51 +122,51 @@ class SlotActor:
         driver: str,
         seq: int,
     ) -> None:
-        """Build ``cls(*args, **kwargs)`` in a new ``Actor`` with ``env`` in place."""
-        with self._lock:
-            self._gone.pop(ref.key, None)
+        """Build ``cls(*args, **kwargs)`` with ``env`` in place, on this actor's one default
+        thread, which runs every call of the instance too (``call``)."""
+        self._create(ref, cls, args, kwargs, env, driver, seq, lent=True)
 
-        def resolve(args: tuple, kwargs: dict) -> Resolved:
-            self._announce(ref.key)  # its actor is in the table: waiting calls may go on
-            return _resolve(args, kwargs)
-
-        call = Call(ref.key, driver, seq, "__init__", args, kwargs)
-        try:
-            self.instances.construct_now(ref, cls, env, call, resolve).result()
-        except BaseException:
-            self._forget(ref.key)
-            raise
-        finally:
-            self._announce(ref.key)  # a create refused before its look-up wakes them too
+    @ray.method(concurrency_group="calls")
+    def create_threaded(
+        self,
+        ref: InstanceRef,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        env: dict[str, str],
+        driver: str,
+        seq: int,
+    ) -> None:
+        """Build ``cls(*args, **kwargs)`` with ``env`` in place, on a thread of its own."""
+        self._create(ref, cls, args, kwargs, env, driver, seq, lent=False)
 
     def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
-        """Run one method at its turn; its result, captured as the method returned.
+        """Run one method of an instance on this actor's default thread; its result,
+        captured as the method returned.
 
         ``message`` is ``(key, driver, seq, method, args, kwargs)``: one argument, as Ray
         handles each argument of a call on its own (a quarter of a no-op call's cost).
         """
-        key, driver, seq, method, args, kwargs = message
-        self._actor(key)
-        with self._lock:
-            self._running += 1
-        try:
-            call = Call(key, driver, seq, method, args, kwargs)
-            return self.instances.serve_now(call, _resolve).result()
-        finally:
-            with self._lock:
-                self._running -= 1
+        return self._call(message)
+
+    @ray.method(concurrency_group="calls")
+    def call_threaded(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
+        """``call`` for an instance with a thread of its own: this thread waits for it."""
+        return self._call(message)
+
+    def destroy(self, key: str, driver: str, seq: int) -> None:
+        """Drop the instance after the calls issued before this."""
+        self._destroy(key, driver, seq)
+
+    @ray.method(concurrency_group="calls")
+    def destroy_threaded(self, key: str, driver: str, seq: int) -> None:
+        """``destroy`` for an instance with a thread of its own."""
+        self._destroy(key, driver, seq)
 
     @ray.method(concurrency_group="control")
     def skip(self, key: str, driver: str, seq: int) -> None:
         """Call ``seq`` never came (its message could not be sent): later calls go ahead."""
         self.instances.withdraw(key, driver, seq)
-
-    def destroy(self, key: str, driver: str, seq: int) -> None:
-        """Drop the instance after the calls issued before this."""
-        try:
-            self.instances.close(key, driver, seq).result()
-        finally:
-            self._forget(key)
 
     @ray.method(concurrency_group="fns")
     def run(self, fn: Any, args: tuple, label: str) -> Any:
@@ -180,6 +184,59 @@ class SlotActor:
             return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
+
+    def _create(
+        self,
+        ref: InstanceRef,
+        cls: type,
+        args: tuple,
+        kwargs: dict,
+        env: dict[str, str],
+        driver: str,
+        seq: int,
+        lent: bool,
+    ) -> None:
+        with self._lock:
+            self._gone.pop(ref.key, None)
+
+        def resolve(args: tuple, kwargs: dict) -> Resolved:
+            self._announce(ref.key)  # its actor is in the table: waiting calls may go on
+            return _resolve(args, kwargs)
+
+        call = Call(ref.key, driver, seq, "__init__", args, kwargs)
+        try:
+            built = self.instances.construct_now(ref, cls, env, call, resolve, not lent)
+            self._wait(self.instances.get(ref.key), built)
+        except BaseException:
+            self._forget(ref.key)
+            raise
+        finally:
+            self._announce(ref.key)  # a create refused before its look-up wakes them too
+
+    def _call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
+        key, driver, seq, method, args, kwargs = message
+        actor = self._actor(key)
+        with self._lock:
+            self._running += 1
+        try:
+            call = Call(key, driver, seq, method, args, kwargs)
+            return self._wait(actor, self.instances.serve_now(call, _resolve))
+        finally:
+            with self._lock:
+                self._running -= 1
+
+    def _destroy(self, key: str, driver: str, seq: int) -> None:
+        try:
+            self._wait(self.instances.get(key), self.instances.close(key, driver, seq))
+        finally:
+            self._forget(key)
+
+    @staticmethod
+    def _wait(actor: Actor | None, outcome: Any) -> Any:
+        """``outcome``'s value; an instance on the lent thread has its calls run here."""
+        if actor is not None and not actor.own_thread:
+            actor.drive(outcome)
+        return outcome.result()
 
     def _actor(self, key: str) -> Actor:
         actor = self.instances.get(key)
