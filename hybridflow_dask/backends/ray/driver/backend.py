@@ -25,7 +25,7 @@ from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ...hosting.jobs import has_coroutines
 from ..futures import RayFuture, SlotRunner, mark_inputs, resolve_all, translate
-from ..worker.slot_actor import CONCURRENCY_GROUPS, SlotActor
+from ..worker.slot_actor import CONCURRENCY_GROUPS, THREADED, SlotActor
 from .connect import check_answers, with_driver_paths
 from .registry import REGISTRY_NAME, RegistryActor
 
@@ -308,10 +308,12 @@ class RayBackend:
         if lent:
             with self._lock:
                 self._lent.add(ref.key)
-        create = handle.create if lent else handle.create_threaded
+        create = _on_its_thread(handle.create, lent)
         with self._order(ref.key):
             self._seq[ref.key] = 1
-            object_ref = create.remote(ref, cls, args, kwargs, dict(env), self.driver_id, 1)
+            object_ref = create.remote(
+                ref, cls, args, kwargs, dict(env), self.driver_id, 1, not lent
+            )
         with self._lock:
             self._groups.setdefault(ref.group, {})[ref.rank] = ref
         entry = pickle.dumps((ref, lent))
@@ -337,8 +339,7 @@ class RayBackend:
             self._seq[ref.key] = seq
             try:
                 message = (ref.key, self.driver_id, seq, method, args, kwargs)
-                call = handle.call if ref.key in self._lent else handle.call_threaded
-                object_ref = call.remote(message)
+                object_ref = _on_its_thread(handle.call, ref.key in self._lent).remote(message)
             except BaseException as exc:  # not sent (e.g. an argument Ray cannot pickle)
                 handle.skip.remote(ref.key, self.driver_id, seq)
                 if isinstance(exc, TypeError):  # named as every backend names it
@@ -366,8 +367,7 @@ class RayBackend:
             if ref.slot.address not in self._dead:
                 with contextlib.suppress(Exception), self._order(ref.key):
                     seq = self._seq.get(ref.key, 0) + 1
-                    handle = self._handle(ref.slot)
-                    destroy = handle.destroy if lent else handle.destroy_threaded
+                    destroy = _on_its_thread(self._handle(ref.slot).destroy, lent)
                     destroy.remote(ref.key, self.driver_id, seq)
             with self._lock:  # the instance is gone: so is its numbering
                 self._seq.pop(ref.key, None)
@@ -697,6 +697,12 @@ class RayBackend:
             return ray.get(ref, timeout=ASK_WAIT_S)
         except Exception as exc:
             raise translate(exc, f"slot actor {address}" if address else "the registry") from exc
+
+
+def _on_its_thread(method: Any, lent: bool) -> Any:
+    """A slot actor's method, sent where the instance runs: the actor's default thread
+    (``lent``), or the group whose threads wait for instances with threads of their own."""
+    return method if lent else method.options(concurrency_group=THREADED)
 
 
 def _resources(wanted: Mapping[str, float]) -> dict[str, float]:

@@ -8,16 +8,17 @@ one call flow every backend's calls go through. This module only translates Ray'
 calls into that flow. Ray runs each actor call on a thread of its concurrency group:
 
 - the default group has **one** thread, and the instances run on it: ``__init__`` and
-  every call of an instance run right there (``create``, ``call``, ``destroy``;
-  ``Actor.drive``), in the order Ray delivers them, which is the driver's (Ray keeps a
-  caller's order on a group of one thread). No hand-off to another thread: it was half
-  of what a call cost the host (a plain Ray actor ran a burst of no-op calls at
-  2,200-2,400/s, one handing each call to a thread of its own at ~1,000/s). Colocated
-  instances lose nothing by sharing it: their environments differ (``WG_PREFIX`` at
-  least), so the ``EnvGate`` made them take turns on threads of their own too;
+  every call of an instance run right there (``Actor.drive``), in the order Ray
+  delivers them, which is the driver's (Ray keeps a caller's order on a group of one
+  thread). No hand-off to another thread: it was half of what a call cost the host (a
+  plain Ray actor ran a burst of no-op calls at 2,200-2,400/s, one handing each call to a
+  thread of its own at ~1,000/s). Colocated instances lose nothing by sharing it: their
+  environments differ (``WG_PREFIX`` at least), so the ``EnvGate`` made them take turns
+  on threads of their own too;
 - ``calls``: instances whose class has ``async def`` methods, each on a thread of its
-  own (their coroutine calls overlap, on a loop of their own); Ray's thread waits for
-  it (``*_threaded``);
+  own (their coroutine calls overlap, on a loop of their own): the driver sends their
+  ``create``, ``call`` and ``destroy`` to this group (``THREADED``), whose thread waits
+  for the instance's;
 - ``control`` (the driver's short questions and ``skip``, which must get through while
   calls wait for the turn it gives up), ``fns`` (routing functions) and ``watch`` (the
   call the driver uses to see this process die).
@@ -51,7 +52,7 @@ from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
 from ..futures import Input, has_inputs, is_lost, translate, writable
 
-__all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "SlotActor"]
+__all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "THREADED", "SlotActor"]
 
 #: Threads per concurrency group of a slot actor (Ray makes them as the actor starts).
 #: ``calls`` (the calls of instances with threads of their own) bounds the calls a host
@@ -59,6 +60,8 @@ __all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "SlotActor"]
 #: one thread, the other instances' (set where the actor is made).
 CALL_THREADS = 128
 CONCURRENCY_GROUPS = {"calls": CALL_THREADS, "control": 4, "fns": 4, "watch": 2}
+#: The group the driver sends an instance's calls to when it has a thread of its own.
+THREADED = "calls"
 #: How long a call waits for its instance to be created (its create may still be
 #: fetching large arguments when the call arrives).
 BIRTH_WAIT_S = 60.0
@@ -121,47 +124,53 @@ class SlotActor:
         env: dict[str, str],
         driver: str,
         seq: int,
+        own_thread: bool = False,
     ) -> None:
-        """Build ``cls(*args, **kwargs)`` with ``env`` in place, on this actor's one default
-        thread, which runs every call of the instance too (``call``)."""
-        self._create(ref, cls, args, kwargs, env, driver, seq, lent=True)
+        """Build ``cls(*args, **kwargs)`` with ``env`` in place: on this actor's one
+        default thread, which runs every call of the instance too, or (``own_thread``,
+        sent to the ``calls`` group) on a thread of its own."""
+        with self._lock:
+            self._gone.pop(ref.key, None)
 
-    @ray.method(concurrency_group="calls")
-    def create_threaded(
-        self,
-        ref: InstanceRef,
-        cls: type,
-        args: tuple,
-        kwargs: dict,
-        env: dict[str, str],
-        driver: str,
-        seq: int,
-    ) -> None:
-        """Build ``cls(*args, **kwargs)`` with ``env`` in place, on a thread of its own."""
-        self._create(ref, cls, args, kwargs, env, driver, seq, lent=False)
+        def resolve(args: tuple, kwargs: dict) -> Resolved:
+            self._announce(ref.key)  # its actor is in the table: waiting calls may go on
+            return _resolve(args, kwargs)
+
+        call = Call(ref.key, driver, seq, "__init__", args, kwargs)
+        try:
+            built = self.instances.construct_now(ref, cls, env, call, resolve, own_thread)
+            self._wait(self.instances.get(ref.key), built)
+        except BaseException:
+            self._forget(ref.key)
+            raise
+        finally:
+            self._announce(ref.key)  # a create refused before its look-up wakes them too
 
     def call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
-        """Run one method of an instance on this actor's default thread; its result,
-        captured as the method returned.
+        """Run one method at its turn; its result, captured as the method returned.
 
         ``message`` is ``(key, driver, seq, method, args, kwargs)``: one argument, as Ray
         handles each argument of a call on its own (a quarter of a no-op call's cost).
+        On the default thread the instance runs it right here; a call for an instance
+        with a thread of its own comes on the ``calls`` group, and waits for it.
         """
-        return self._call(message)
-
-    @ray.method(concurrency_group="calls")
-    def call_threaded(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
-        """``call`` for an instance with a thread of its own: this thread waits for it."""
-        return self._call(message)
+        key, driver, seq, method, args, kwargs = message
+        actor = self._actor(key)
+        with self._lock:
+            self._running += 1
+        try:
+            call = Call(key, driver, seq, method, args, kwargs)
+            return self._wait(actor, self.instances.serve_now(call, _resolve))
+        finally:
+            with self._lock:
+                self._running -= 1
 
     def destroy(self, key: str, driver: str, seq: int) -> None:
         """Drop the instance after the calls issued before this."""
-        self._destroy(key, driver, seq)
-
-    @ray.method(concurrency_group="calls")
-    def destroy_threaded(self, key: str, driver: str, seq: int) -> None:
-        """``destroy`` for an instance with a thread of its own."""
-        self._destroy(key, driver, seq)
+        try:
+            self._wait(self.instances.get(key), self.instances.close(key, driver, seq))
+        finally:
+            self._forget(key)
 
     @ray.method(concurrency_group="control")
     def skip(self, key: str, driver: str, seq: int) -> None:
@@ -184,52 +193,6 @@ class SlotActor:
             return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
-
-    def _create(
-        self,
-        ref: InstanceRef,
-        cls: type,
-        args: tuple,
-        kwargs: dict,
-        env: dict[str, str],
-        driver: str,
-        seq: int,
-        lent: bool,
-    ) -> None:
-        with self._lock:
-            self._gone.pop(ref.key, None)
-
-        def resolve(args: tuple, kwargs: dict) -> Resolved:
-            self._announce(ref.key)  # its actor is in the table: waiting calls may go on
-            return _resolve(args, kwargs)
-
-        call = Call(ref.key, driver, seq, "__init__", args, kwargs)
-        try:
-            built = self.instances.construct_now(ref, cls, env, call, resolve, not lent)
-            self._wait(self.instances.get(ref.key), built)
-        except BaseException:
-            self._forget(ref.key)
-            raise
-        finally:
-            self._announce(ref.key)  # a create refused before its look-up wakes them too
-
-    def _call(self, message: tuple[str, str, int, str, tuple, dict]) -> Any:
-        key, driver, seq, method, args, kwargs = message
-        actor = self._actor(key)
-        with self._lock:
-            self._running += 1
-        try:
-            call = Call(key, driver, seq, method, args, kwargs)
-            return self._wait(actor, self.instances.serve_now(call, _resolve))
-        finally:
-            with self._lock:
-                self._running -= 1
-
-    def _destroy(self, key: str, driver: str, seq: int) -> None:
-        try:
-            self._wait(self.instances.get(key), self.instances.close(key, driver, seq))
-        finally:
-            self._forget(key)
 
     @staticmethod
     def _wait(actor: Actor | None, outcome: Any) -> Any:
