@@ -56,8 +56,9 @@ __all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "THREADED", "SlotActor"]
 
 #: Threads per concurrency group of a slot actor (Ray makes them as the actor starts).
 #: ``calls`` (the calls of instances with threads of their own) bounds the calls a host
-#: has in flight at once for them (the rest wait in Ray's queue); the default group has
-#: one thread, the other instances' (set where the actor is made).
+#: has in flight at once for them (the rest wait in Ray's queue). The default group,
+#: where every other instance runs, has one thread (``max_concurrency=1``, given where
+#: the driver makes the actor).
 CALL_THREADS = 128
 CONCURRENCY_GROUPS = {"calls": CALL_THREADS, "control": 4, "fns": 4, "watch": 2}
 #: The group the driver sends an instance's calls to when it has a thread of its own.
