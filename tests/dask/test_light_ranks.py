@@ -62,6 +62,10 @@ class Rank(hf.Worker):
         return os.getpid(), os.environ["RANK"], self.seen_at_init, self.rank
 
     @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def cpus(self):
+        return os.getpid(), sorted(os.sched_getaffinity(0))
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
     def bump(self, step):
         self.count = getattr(self, "count", 0) + step
         return self.count
@@ -78,4 +82,28 @@ def test_light_ranks_are_instances_of_their_own_sharing_a_process(hf_dask_cluste
         assert len(set(pids)) == 2 and pids[:4] == [pids[0]] * 4 and pids[4:] == [pids[4]] * 4
         assert [s[1:] for s in seen] == [(str(r), str(r), r) for r in range(8)]
         assert group.bump(1) == [1] * 8 and group.bump(2) == [3] * 8  # state per instance
+        group.shutdown()
+
+
+@pytest.mark.cluster
+@pytest.mark.skipif(
+    len(os.sched_getaffinity(0)) < 2, reason="a process allowed on one CPU has nothing to keep to"
+)
+def test_light_ranks_of_a_process_run_on_one_cpu_and_real_ranks_keep_their_mask(hf_dask_cluster):
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        light = DaskBackend(cluster=hf_dask_cluster, ranks_per_worker=2)
+    with light:
+        group = hf.WorkerGroup(hf.ResourcePool([4]), hf.ClassWithInitArgs(Rank), backend=light)
+        seen = group.cpus()
+        assert all(len(mask) == 1 for _, mask in seen), seen
+        by_process: dict[int, set] = {}
+        for pid, mask in seen:
+            by_process.setdefault(pid, set()).add(tuple(mask))
+        assert len(by_process) == 2 and all(len(masks) == 1 for masks in by_process.values())
+        group.shutdown()
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        real = DaskBackend(cluster=hf_dask_cluster)
+    with real:
+        group = hf.WorkerGroup(hf.ResourcePool([2]), hf.ClassWithInitArgs(Rank), backend=real)
+        assert [mask for _, mask in group.cpus()] == [sorted(os.sched_getaffinity(0))] * 2
         group.shutdown()

@@ -38,6 +38,7 @@ from typing import Any
 
 from ...errors import CallTimeoutError, CallWithdrawnError
 from ..base import InstanceRef
+from .cpu_share import CpuShare
 from .environment import EnvGate
 from .failures import annotate_error
 
@@ -111,7 +112,13 @@ class Actor:
         self.obj: Any = None
         self._gate = gate
         self._orders: dict[str, _Order] = {}
-        self._cond = threading.Condition()
+        #: Guards the call table; ``_wake`` is released once to wake the thread that
+        #: waits for a job (two plain locks: a condition variable's wait and notify cost
+        #: twice as much per hand-off, and every call is one).
+        self._mutex = threading.Lock()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._sleeping = False
         self._closing = False
         self._loop: asyncio.AbstractEventLoop | None = None
         self._loop_thread: threading.Thread | None = None
@@ -120,9 +127,15 @@ class Actor:
         #: in it (always the same one: Ray's one default thread of a slot actor).
         self.own_thread = own_thread
         self._entered = False
+        #: Set while the instance is a light rank: its thread keeps to the CPU its calls
+        #: arrive on (see ``cpu_share``).
+        self.cpu_share: CpuShare | None = None
+        #: The native id of the instance's own thread (``None``: it has none).
+        self.thread_id: int | None = None
         if own_thread:
-            name = f"hf-{ref.name}"
-            threading.Thread(target=self._serve, name=name, daemon=True).start()
+            thread = threading.Thread(target=self._serve, name=f"hf-{ref.name}", daemon=True)
+            thread.start()
+            self.thread_id = thread.native_id
 
     # -- what the table asks ----------------------------------------------------------------
 
@@ -141,7 +154,7 @@ class Actor:
         the driver's call-timeout) passed before its turn came: the driver reports it
         failed at that moment, without waiting for word from here.
         """
-        with self._cond:
+        with self._mutex:
             if self._closing:
                 error: BaseException = self._gone()
             else:
@@ -150,7 +163,9 @@ class Actor:
                     error = self._withdrawn(seq)
                 else:
                     order.waiting[seq] = (job, done, deadline, seq, order)
-                    self._cond.notify()
+                    if self.cpu_share is not None:
+                        self.cpu_share.follow()
+                    self._wake_up()
                     return
         done(None, error)
 
@@ -170,7 +185,7 @@ class Actor:
     def skip(self, driver: str, seq: int) -> bool:
         """Call number ``seq`` must not run (the driver reported it failed): later calls
         go ahead. Whether that held: ``False`` when it had already started or run."""
-        with self._cond:
+        with self._mutex:
             order = self._order(driver)
             if seq < order.next:
                 return seq in order.skipped
@@ -179,7 +194,7 @@ class Actor:
             if entry is not None and entry is not _SKIP:
                 entry[1](None, self._withdrawn(seq))
             order.waiting[seq] = _SKIP
-            self._cond.notify()
+            self._wake_up()
             return True
 
     def close(self, driver: str, seq: int) -> concurrent.futures.Future:
@@ -188,9 +203,9 @@ class Actor:
 
     def stop(self) -> None:
         """Stop at once (the worker is closing): drop waiting calls, end thread and loop."""
-        with self._cond:
+        with self._mutex:
             self._drop_waiting()
-            self._cond.notify()
+            self._wake_up()
         self._stop_loop()
 
     # -- the instance's thread ------------------------------------------------------------
@@ -199,8 +214,7 @@ class Actor:
         if self._enter is not None:
             self._enter(self)
         while True:
-            with self._cond:
-                entry = self._cond.wait_for(self._next_job)
+            entry = self._wait_for(self._next_job)
             if not self._take(entry):
                 return
             entry = None  # (nothing of a call stays referenced while the next is awaited)
@@ -217,13 +231,12 @@ class Actor:
             return _DONE if until.done() else self._next_job()
 
         def wake(_: object) -> None:  # ``until`` may be settled in another thread
-            with self._cond:
-                self._cond.notify_all()
+            with self._mutex:
+                self._wake_up()
 
         until.add_done_callback(wake)
         while True:
-            with self._cond:
-                entry = self._cond.wait_for(next_job)
+            entry = self._wait_for(next_job)
             if entry is _DONE or not self._take(entry):
                 return
             entry = None
@@ -240,6 +253,23 @@ class Actor:
         if wanted is None or wanted():
             self._run(job, done, deadline, seq, order)
         return True
+
+    def _wait_for(self, next_job: Callable[[], Any]) -> Any:
+        """What ``next_job`` returns once it is not ``None``, sleeping until woken."""
+        while True:
+            with self._mutex:
+                entry = next_job()
+                if entry is None:
+                    self._sleeping = True
+            if entry is not None:
+                return entry
+            self._wake.acquire()
+
+    def _wake_up(self) -> None:
+        """Wake the thread waiting for a job, if one waits (hold ``_mutex``)."""
+        if self._sleeping:
+            self._sleeping = False
+            self._wake.release()
 
     def _next_job(self) -> Any:
         if self._closing:
@@ -265,7 +295,7 @@ class Actor:
         # deadline, or the process may have been stopped meanwhile.
         if deadline is not None and time.time() >= deadline:
             gate.leave()
-            with self._cond:  # so that a later withdrawal hears it did not run
+            with self._mutex:  # so that a later withdrawal hears it did not run
                 order.skipped.add(seq)
             done(None, self._late(seq))  # (no run time stamped: it never ran)
             return
@@ -286,7 +316,7 @@ class Actor:
             _settle(done, job, result)
 
     def _finish_close(self, done: Done) -> None:
-        with self._cond:
+        with self._mutex:
             self._drop_waiting()
         self._stop_loop()
         self.obj = None
@@ -365,7 +395,7 @@ class Actor:
     # -- helpers ------------------------------------------------------------------------------
 
     def _drop_waiting(self) -> None:
-        """Close for good: calls still waiting for their turn fail (hold ``_cond``)."""
+        """Close for good: calls still waiting for their turn fail (hold ``_mutex``)."""
         self._closing = True
         for order in self._orders.values():
             for entry in order.waiting.values():

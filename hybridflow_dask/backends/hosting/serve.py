@@ -36,6 +36,7 @@ from ...errors import CallTimeoutError
 from ..base import InstanceRef
 from .actor import Actor, Done, FutureOutcome
 from .copies import CopyPolicy
+from .cpu_share import CpuShare, current_cpu
 from .environment import EnvGate
 from .failures import sendable
 from .jobs import Construct, Invoke, Record
@@ -115,6 +116,8 @@ class Instances:
         self.gate = EnvGate()
         self._actors: dict[str, Actor] = {}
         self._lock = threading.Lock()
+        #: Light ranks' threads (two or more ranks of one group here) share a CPU.
+        self.cpu_share = CpuShare() if current_cpu() is not None else None
 
     # -- the table ---------------------------------------------------------------------------
 
@@ -143,21 +146,42 @@ class Instances:
         with self._lock:
             old = self._actors.pop(ref.key, None)
             self._actors[ref.key] = actor
+            self._share_cpu(ref.group)
         if old is not None:
-            old.stop()
+            self._stop(old)
         return actor
 
     def forget(self, instance: str) -> None:
         with self._lock:
             actor = self._actors.pop(instance, None)
         if actor is not None:
-            actor.stop()
+            self._stop(actor)
 
     def stop_all(self) -> None:
         with self._lock:
             actors, self._actors = list(self._actors.values()), {}
         for actor in actors:
-            actor.stop()
+            self._stop(actor)
+
+    def _share_cpu(self, group: str) -> None:
+        """Two or more ranks of ``group`` here are light ranks: their threads join the
+        process's CPU share (hold ``_lock``)."""
+        share = self.cpu_share
+        if share is None:
+            return
+        ranks = [a for a in self._actors.values() if a.ref.group == group]
+        if len(ranks) < 2:
+            return
+        for actor in ranks:
+            if actor.cpu_share is None and actor.thread_id is not None:
+                share.join(actor.thread_id)
+                actor.cpu_share = share
+
+    def _stop(self, actor: Actor) -> None:
+        if actor.cpu_share is not None and actor.thread_id is not None:
+            actor.cpu_share.leave(actor.thread_id)
+            actor.cpu_share = None
+        actor.stop()
 
     def withdraw(self, instance: str, driver: str, seq: int) -> bool:
         """Call ``seq`` must not run (its driver reported it failed); whether that is sure
