@@ -23,6 +23,9 @@ class Mask:
     def mask(self) -> set[int]:
         return os.sched_getaffinity(0)
 
+    def policy(self) -> int:
+        return os.sched_getscheduler(0)
+
 
 def _plain(args: tuple, kwargs: dict) -> tuple[tuple, dict, tuple]:
     return args, kwargs, ()
@@ -84,6 +87,18 @@ def test_the_only_rank_of_a_group_in_a_process_keeps_the_process_mask(instances)
     ref = _add(instances, "alone", 0)
     first = sorted(ALLOWED)[0]
     assert _masks_from(first, instances, [ref], 2) == [ALLOWED]
+    assert os.sched_getscheduler(instances.get(ref.key).thread_id) == os.SCHED_OTHER
+
+
+def test_light_ranks_threads_wait_their_turn_instead_of_preempting_on_wake(instances):
+    refs = [_add(instances, "batch", rank) for rank in range(2)]
+    policies = [
+        instances.serve_now(Call(ref.key, "d", 2, "policy", (), {}, result="now"), _plain).result(
+            10
+        )
+        for ref in refs
+    ]
+    assert policies == [os.SCHED_BATCH] * 2
 
 
 def test_a_second_rank_of_a_group_makes_both_light_and_a_rank_gone_is_let_go(instances):
