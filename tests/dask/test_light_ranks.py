@@ -71,11 +71,15 @@ class Rank(hf.Worker):
         return self.count
 
 
+def _backend(cluster, ranks_per_worker: int = 1) -> DaskBackend:
+    """A backend on the shared test cluster that keeps its worker processes."""
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        return DaskBackend(cluster=cluster, ranks_per_worker=ranks_per_worker)
+
+
 @pytest.mark.cluster
 def test_light_ranks_are_instances_of_their_own_sharing_a_process(hf_dask_cluster):
-    with dask.config.set({"hybridflow.fresh-processes": False}):
-        backend = DaskBackend(cluster=hf_dask_cluster, ranks_per_worker=4)
-    with backend:
+    with _backend(hf_dask_cluster, ranks_per_worker=4) as backend:
         group = hf.WorkerGroup(hf.ResourcePool([8]), hf.ClassWithInitArgs(Rank), backend=backend)
         seen = group.who()
         pids = [pid for pid, *_ in seen]
@@ -90,9 +94,7 @@ def test_light_ranks_are_instances_of_their_own_sharing_a_process(hf_dask_cluste
     len(os.sched_getaffinity(0)) < 2, reason="a process allowed on one CPU has nothing to keep to"
 )
 def test_light_ranks_of_a_process_run_on_one_cpu_and_real_ranks_keep_their_mask(hf_dask_cluster):
-    with dask.config.set({"hybridflow.fresh-processes": False}):
-        light = DaskBackend(cluster=hf_dask_cluster, ranks_per_worker=2)
-    with light:
+    with _backend(hf_dask_cluster, ranks_per_worker=2) as light:
         group = hf.WorkerGroup(hf.ResourcePool([4]), hf.ClassWithInitArgs(Rank), backend=light)
         seen = group.cpus()
         assert all(len(mask) == 1 for _, mask in seen), seen
@@ -101,9 +103,7 @@ def test_light_ranks_of_a_process_run_on_one_cpu_and_real_ranks_keep_their_mask(
             by_process.setdefault(pid, set()).add(tuple(mask))
         assert len(by_process) == 2 and all(len(masks) == 1 for masks in by_process.values())
         group.shutdown()
-    with dask.config.set({"hybridflow.fresh-processes": False}):
-        real = DaskBackend(cluster=hf_dask_cluster)
-    with real:
+    with _backend(hf_dask_cluster) as real:
         group = hf.WorkerGroup(hf.ResourcePool([2]), hf.ClassWithInitArgs(Rank), backend=real)
         assert [mask for _, mask in group.cpus()] == [sorted(os.sched_getaffinity(0))] * 2
         group.shutdown()
