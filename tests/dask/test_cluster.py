@@ -181,3 +181,31 @@ def test_local_cuda_cluster_pins_one_worker_per_gpu():
         with hf.WorkerGroup(hf.ResourcePool([n], use_gpu=True), Echo, backend=backend) as group:
             devices = [info["cuda_visible_devices"].split(",")[0] for info in group._process_info()]
             assert sorted(devices) == [str(i) for i in range(n)]
+
+
+@pytest.mark.cluster
+def test_a_script_that_starts_a_backend_when_imported_fails_at_once_naming_the_guard(tmp_path):
+    # Each worker process imports the driver script, makes a backend there and dies; the
+    # driver says so as soon as the nanny gives up, instead of waiting out its 120 s.
+    script = tmp_path / "unguarded.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import hybridflow_dask as hf
+            from hybridflow_dask.backends import DaskBackend
+
+            class Echo(hf.Worker):
+                @hf.register(hf.Dispatch.ONE_TO_ALL)
+                def echo(self, x):
+                    return x
+
+            backend = DaskBackend(n_workers=1)
+            group = hf.WorkerGroup(hf.ResourcePool([1]), Echo, backend=backend)
+            """
+        )
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("RuntimeError: worker processes ['hf-slot-0'] of the local cluster")
+    assert 'if __name__ == "__main__":' in last

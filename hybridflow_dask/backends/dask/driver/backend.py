@@ -66,7 +66,7 @@ from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
 from ..worker.used_mark import is_used, mark_used
 from .call_path import CallPath, RankCall, all_are
-from .cluster import ClusterChoice, quiet_restarts, start_local_cluster
+from .cluster import ClusterChoice, quiet_restarts, start_local_cluster, wait_for_local_workers
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
 from .direct_path import DirectPath
@@ -279,7 +279,7 @@ class DaskBackend:
                         "other groups, or raise the limit"
                     )
                 self._owned_cluster.scale(wanted)
-                self.client.wait_for_workers(wanted, timeout=120)
+                wait_for_local_workers(self._owned_cluster, self.client, wanted, timeout=120)
                 free = [w for w in self._free_workers() if w.address not in avoid]
             gpu_workers = [w for w in free if w.has_gpu]
             if use_gpu is None:

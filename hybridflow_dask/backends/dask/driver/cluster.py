@@ -10,12 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import dask
 from distributed import LocalCluster
+from distributed.core import Status
 
 from ..config import message_log_length, task_stream_length, worker_preload
 from ..internals import ForkserverNanny, owned_cluster_class, start_fork_server
@@ -28,7 +30,11 @@ __all__ = [
     "detect_gpus",
     "quiet_restarts",
     "start_local_cluster",
+    "wait_for_local_workers",
 ]
+
+#: How often a wait for an owned cluster's workers looks at its nannies.
+NANNY_CHECK_S = 0.25
 
 logger = logging.getLogger(__name__)
 
@@ -151,6 +157,34 @@ def start_local_cluster(
             if n_workers:
                 cluster.scale(n_workers)
     return cluster, choice
+
+
+def wait_for_local_workers(cluster: Any, client: Any, n: int, timeout: float) -> None:
+    """Wait until the cluster the backend started has ``n`` workers. A worker process
+    that could not start is a ``RuntimeError`` at once instead of the whole wait: its
+    nanny has given up, and the process's own error is already in the output."""
+    deadline = time.monotonic() + timeout
+    while True:
+        failed = sorted(
+            str(name)
+            for name, nanny in list(cluster.workers.items())
+            if getattr(nanny, "status", None) == Status.failed
+        )
+        if failed:
+            raise RuntimeError(
+                f"worker processes {failed} of the local cluster failed to start (each "
+                "printed its own error above). The usual cause: the driver script makes a "
+                "backend or group when it is imported, and a new worker process imports "
+                "it too (as every multiprocessing start method but fork does); put that "
+                'code under `if __name__ == "__main__":`'
+            )
+        left = deadline - time.monotonic()
+        try:
+            client.wait_for_workers(n, timeout=max(0.01, min(NANNY_CHECK_S, left)))
+            return
+        except TimeoutError:
+            if left <= NANNY_CHECK_S:
+                raise
 
 
 def worker_settings() -> dict[str, Any]:
