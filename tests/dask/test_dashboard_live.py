@@ -78,7 +78,10 @@ def test_a_sleeping_rank_shows_as_running_and_is_flagged_a_straggler(
     group = hf_worker_group(Napper, [2], backend=hf_dask_backend)
     name = group.name_prefix
     hf.get(group.nap([0.0, 0.0]))  # a typical nap: both ranks at once
-    pending = group.nap([0.0, 4.0])
+    # Rank 0 naps a little, so that it surely finishes after rank 1's call reached its
+    # worker (a peer that finished before the straggler's call even arrived does not
+    # count): with 0 s, a busy machine could deliver rank 1's part later than that.
+    pending = group.nap([0.3, 4.0])
 
     def rank1_running(body: dict) -> dict | None:
         g = group_of(body, name)
