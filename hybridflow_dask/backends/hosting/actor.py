@@ -154,6 +154,8 @@ class Actor:
         the driver's call-timeout) passed before its turn came: the driver reports it
         failed at that moment, without waiting for word from here.
         """
+        if self.cpu_share is not None:  # (before the table's lock: it may move threads)
+            self.cpu_share.follow()
         with self._mutex:
             if self._closing:
                 error: BaseException = self._gone()
@@ -163,8 +165,6 @@ class Actor:
                     error = self._withdrawn(seq)
                 else:
                     order.waiting[seq] = (job, done, deadline, seq, order)
-                    if self.cpu_share is not None:
-                        self.cpu_share.follow()
                     self._wake_up()
                     return
         done(None, error)

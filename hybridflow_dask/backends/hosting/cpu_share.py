@@ -86,11 +86,6 @@ class CpuShare:
                 if not _pin(thread, {cpu}):
                     self._threads.discard(thread)
 
-    @property
-    def cpu(self) -> int | None:
-        """The CPU the threads keep to now (``None``: none chosen yet)."""
-        return self._cpu
-
     def __len__(self) -> int:
         return len(self._threads)
 
