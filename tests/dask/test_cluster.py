@@ -121,29 +121,36 @@ def test_local_cluster_choice_from_the_gpu_probe(gpus, cuda_ok, kind):
         assert "hybridflow-dask[cuda]" in choice.reason
 
 
+#: A driver script's head: the package and a worker class (the test adds its body).
+ECHO_SCRIPT = """
+import hybridflow_dask as hf
+from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.runtime import default_backend
+
+class Echo(hf.Worker):
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def echo(self, x):
+        return x
+"""
+
+
+def run_driver_script(folder, body: str, timeout: float) -> subprocess.CompletedProcess:
+    """Run ``ECHO_SCRIPT`` followed by ``body`` as a driver program of its own."""
+    script = folder / "driver.py"
+    script.write_text(ECHO_SCRIPT + textwrap.dedent(body))
+    return subprocess.run(
+        [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout
+    )
+
+
 @pytest.mark.cluster
 def test_default_backend_starts_a_local_dask_cluster_and_closes_it_at_exit(tmp_path):
-    script = tmp_path / "driver.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import hybridflow_dask as hf
-            from hybridflow_dask.runtime import default_backend
-
-            class Echo(hf.Worker):
-                @hf.register(hf.Dispatch.ONE_TO_ALL)
-                def echo(self, x):
-                    return x
-
-            if __name__ == "__main__":
-                group = hf.WorkerGroup(hf.ResourcePool([1]), Echo)
-                print(type(default_backend()).__name__, group.echo(5))
-            """
-        )
-    )
-    done = subprocess.run(
-        [sys.executable, str(script)], capture_output=True, text=True, timeout=120
-    )
+    body = """
+        if __name__ == "__main__":
+            group = hf.WorkerGroup(hf.ResourcePool([1]), Echo)
+            print(type(default_backend()).__name__, group.echo(5))
+        """
+    done = run_driver_script(tmp_path, body, timeout=120)
     assert done.returncode == 0, done.stderr
     assert "DaskBackend [5]" in done.stdout
 
@@ -187,24 +194,11 @@ def test_local_cuda_cluster_pins_one_worker_per_gpu():
 def test_a_script_that_starts_a_backend_when_imported_fails_at_once_naming_the_guard(tmp_path):
     # Each worker process imports the driver script, makes a backend there and dies; the
     # driver says so as soon as the nanny gives up, instead of waiting out its 120 s.
-    script = tmp_path / "unguarded.py"
-    script.write_text(
-        textwrap.dedent(
-            """
-            import hybridflow_dask as hf
-            from hybridflow_dask.backends import DaskBackend
-
-            class Echo(hf.Worker):
-                @hf.register(hf.Dispatch.ONE_TO_ALL)
-                def echo(self, x):
-                    return x
-
-            backend = DaskBackend(n_workers=1)
-            group = hf.WorkerGroup(hf.ResourcePool([1]), Echo, backend=backend)
-            """
-        )
-    )
-    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=90)
+    body = """
+        backend = DaskBackend(n_workers=1)
+        group = hf.WorkerGroup(hf.ResourcePool([1]), Echo, backend=backend)
+        """
+    done = run_driver_script(tmp_path, body, timeout=90)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("RuntimeError: worker processes ['hf-slot-0'] of the local cluster")
