@@ -10,8 +10,8 @@ import time
 import pytest
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.hosting import Call, EnvGate, Instances, PickleCopy
-from hybridflow_dask.errors import CallTimeoutError
+from hybridflow_dask.backends.hosting import Actor, Call, EnvGate, Instances, PickleCopy
+from hybridflow_dask.errors import CallTimeoutError, CallWithdrawnError
 
 
 class Echo:
@@ -122,3 +122,24 @@ def test_instances_taking_turns_each_see_only_their_own_variables(monkeypatch):
         thread.join(30)
     assert not any(thread.is_alive() for thread in threads)
     assert wrong == []
+
+
+@pytest.mark.parametrize("how", ["skip", "stop"])
+def test_a_call_failed_while_a_lent_thread_drives_it_wakes_that_thread(how):
+    # (Ray's slot actor: its one thread drives the instance's calls. A call withdrawn or
+    # dropped from another thread settles its future under the table's lock, and the
+    # driving thread's wake-up takes that lock again: it must not deadlock.)
+    actor = Actor(InstanceRef("lent", 0, Slot(0, "local", "h")), {}, EnvGate(), own_thread=False)
+    later = actor.submit("d", 2, lambda a: "ran")  # waits for call 1, which never comes
+    driving = threading.Thread(target=actor.drive, args=(later,), daemon=True)
+    driving.start()
+    time.sleep(0.1)  # the lent thread sleeps in its table
+    failing = threading.Thread(
+        target=(lambda: actor.skip("d", 2)) if how == "skip" else actor.stop, daemon=True
+    )
+    failing.start()
+    failing.join(5)
+    driving.join(5)
+    assert not failing.is_alive() and not driving.is_alive(), "deadlocked"
+    with pytest.raises(CallWithdrawnError if how == "skip" else LookupError):
+        later.result(0)

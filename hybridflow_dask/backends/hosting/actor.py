@@ -113,9 +113,11 @@ class Actor:
         self._gate = gate
         self._orders: dict[str, _Order] = {}
         #: Guards the call table; ``_wake`` is released once to wake the thread that
-        #: waits for a job (two plain locks: a condition variable's wait and notify cost
-        #: twice as much per hand-off, and every call is one).
-        self._mutex = threading.Lock()
+        #: waits for a job (a condition variable's wait and notify cost twice as much per
+        #: hand-off, and every call is one). Reentrant: a call failed while the table is
+        #: held (``skip``, ``stop``) settles its future there, and the callback of a
+        #: thread driving that future (``drive``) takes the table again to wake it.
+        self._mutex = threading.RLock()
         self._wake = threading.Lock()
         self._wake.acquire()
         self._sleeping = False
