@@ -688,7 +688,7 @@ class WorkerGroup:
                 rank_kwargs.append(kw)
         return call_ranks(
             self._backend,
-            [self._refs[rank] for rank in ranks],
+            list(map(self._refs.__getitem__, ranks)),
             target,
             rank_args,
             rank_kwargs,

@@ -17,11 +17,13 @@ import collections
 import contextlib
 import dataclasses
 import logging
+import operator
 import threading
 import time
 import uuid
 import weakref
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any
 
 import dask
@@ -65,7 +67,7 @@ from ..worker.plugin import PLUGIN_NAME, InstancesPlugin
 from ..worker.probe import probe_worker
 from ..worker.tasks import WorkerRunner, count_instances
 from ..worker.used_mark import is_used, mark_used
-from .call_path import CallPath, RankCall, all_are
+from .call_path import CallPath, RankCalls, all_are
 from .cluster import ClusterChoice, quiet_restarts, start_local_cluster, wait_for_local_workers
 from .cluster import owned_settings as _owned_settings
 from .connect import SchedulerLostError, open_client, resolve_security
@@ -431,7 +433,7 @@ class DaskBackend:
                     "message": f"rebuilt from __init__ on {ref.slot.address} (it was on {was})",
                 }
             )
-        (seq,) = self._next_seqs([ref])
+        (seq,) = self._next_seqs([ref.key])
         future = self._path.create(ref, cls, args, kwargs, env, seq)
         self._live.track(future, ref.slot, ref, (args, kwargs), seq)
         return future
@@ -465,17 +467,22 @@ class DaskBackend:
         dies. The path sends each worker process its ranks' parts together."""
         self._check_open()
         self._live.check_all(refs)
-        seqs = self._next_seqs(refs)
+        keys = list(map(_KEY, refs))
+        seqs = self._next_seqs(keys)
         # ranks given the very same arguments share one view of them
         if args and all_are(args, args[0]) and all_are(kwargs, kwargs[0]):  # ONE_TO_ALL
             a, kw = _for_worker(args[0]), _for_worker(kwargs[0])
-            calls = [RankCall(ref, seq, a, kw) for ref, seq in zip(refs, seqs)]
+            calls = RankCalls(refs, keys, seqs, a, kw, shared=True)
         else:
             view_args, view_kwargs = _ForWorker(), _ForWorker()
-            calls = [
-                RankCall(ref, seq, view_args(a), view_kwargs(kw))
-                for ref, seq, a, kw in zip(refs, seqs, args, kwargs)
-            ]
+            calls = RankCalls(
+                refs,
+                keys,
+                seqs,
+                list(map(view_args, args)),
+                list(map(view_kwargs, kwargs)),
+                shared=False,
+            )
         limit = call_timeout()  # the limit in force when the call is made, on every wait
         deadline = None if limit is None else time.time() + limit
         try:
@@ -483,8 +490,8 @@ class DaskBackend:
                 calls, method, label=label, blocking=blocking, deadline=deadline
             )
         except BaseException:
-            for call in calls:
-                self._path.skip(call.ref, call.seq)
+            for ref, seq in zip(refs, seqs):
+                self._path.skip(ref, seq)
             raise
         self._live.track_calls(futures, calls, deadline)
         return futures
@@ -624,7 +631,7 @@ class DaskBackend:
         for ref in refs:
             if self._live.is_dead(ref.slot):
                 continue
-            teardown = self._path.destroy(ref, *self._next_seqs([ref]))
+            teardown = self._path.destroy(ref, *self._next_seqs([ref.key]))
             self._destroying.append(teardown)
             # dropped once done, so a teardown's (empty) result is not kept on the worker
             teardown.add_done_callback(self._forget_teardown)
@@ -680,13 +687,12 @@ class DaskBackend:
 
     # -- internals ------------------------------------------------------------------------
 
-    def _next_seqs(self, refs: Sequence[InstanceRef]) -> list[int]:
-        """The next call number on each of ``refs``' instances."""
-        keys = [ref.key for ref in refs]
+    def _next_seqs(self, keys: Sequence[str]) -> list[int]:
+        """The next call number on each of the instances ``keys``."""
         numbers = self._seq
         with self._seq_lock:
-            if len(set(keys)) == len(keys):  # each instance once (a group call): in bulk
-                out = [numbers.get(key, 0) + 1 for key in keys]
+            if len(set(keys)) == len(keys):  # each instance once (a group call): in bulk, in C
+                out = list(map(operator.add, map(numbers.get, keys, repeat(0)), repeat(1)))
                 numbers.update(zip(keys, out))
                 return out
             out = []
@@ -863,6 +869,10 @@ class _ForWorker:
         if values is not self._last:
             self._last, self._made = values, _for_worker(values)
         return self._made
+
+
+#: An instance's key (``InstanceRef.key``, cached on it), read in C for every rank of a call.
+_KEY = operator.attrgetter("key")
 
 
 def _for_worker(values: Any) -> Any:

@@ -19,14 +19,14 @@ from __future__ import annotations
 
 import itertools
 import operator
-from collections.abc import Callable, Iterable, Sequence
-from typing import Any, NamedTuple, Protocol
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import Any, NamedTuple, Protocol, overload
 
 from distributed import Future
 
 from ...base import InstanceRef, Slot
 
-__all__ = ["CallPath", "RankCall", "all_are", "same_arguments", "same_objects"]
+__all__ = ["CallPath", "RankCall", "RankCalls", "all_are", "same_arguments", "same_objects"]
 
 
 class RankCall(NamedTuple):
@@ -36,6 +36,50 @@ class RankCall(NamedTuple):
     seq: int
     args: tuple
     kwargs: dict
+
+
+class RankCalls(Sequence[RankCall]):
+    """One call's ranks as columns: their instances (and those instances' keys), their
+    numbers there, and their arguments, or one tuple and dict that every rank shares
+    (``ONE_TO_ALL``). A call to hundreds of ranks then makes no object per rank on its
+    way out, and the batches for a process are sliced from the columns in C; a rank's
+    ``RankCall`` is made when it is looked at (a rank sent alone, a failure)."""
+
+    __slots__ = ("args", "keys", "kwargs", "refs", "seqs", "shared")
+
+    def __init__(
+        self,
+        refs: Sequence[InstanceRef],
+        keys: Sequence[str],
+        seqs: Sequence[int],
+        args: Any,
+        kwargs: Any,
+        *,
+        shared: bool,
+    ) -> None:
+        self.refs, self.keys, self.seqs = refs, keys, seqs
+        #: With ``shared``, the one tuple and dict; else a tuple and a dict per rank.
+        self.args, self.kwargs = args, kwargs
+        self.shared = shared
+
+    def __len__(self) -> int:
+        return len(self.refs)
+
+    @overload
+    def __getitem__(self, index: int) -> RankCall: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> list[RankCall]: ...
+
+    def __getitem__(self, index: int | slice) -> RankCall | list[RankCall]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(len(self))[index]]
+        if self.shared:
+            return RankCall(self.refs[index], self.seqs[index], self.args, self.kwargs)
+        return RankCall(self.refs[index], self.seqs[index], self.args[index], self.kwargs[index])
+
+    def __iter__(self) -> Iterator[RankCall]:
+        return (self[i] for i in range(len(self)))
 
 
 def same_objects(a: tuple | dict, b: tuple | dict) -> bool:
@@ -80,7 +124,7 @@ class CallPath(Protocol):
 
     def call(
         self,
-        calls: Sequence[RankCall],
+        calls: RankCalls,
         method: str,
         *,
         label: str,

@@ -32,7 +32,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from operator import attrgetter
 from typing import Any, NamedTuple, cast
 
 from distributed import Future
@@ -55,7 +54,7 @@ from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.snapshot import own_frames
-from .call_path import RankCall, all_are, same_arguments
+from .call_path import RankCall, RankCalls, all_are, same_arguments
 from .channel import Channel
 from .held import NOT_HELD, CallFuture, holding
 from .lane import Lane
@@ -154,6 +153,7 @@ class DirectPath:
         self._unknown: dict[str, asyncio.Event | None] = {}
         self._tasks: set[asyncio.Task] = set()
         self._channels: dict[str, Channel] = {}
+        self._layouts = _Layouts()
 
     # -- what the backend asks (the caller's thread) --------------------------------------
 
@@ -178,7 +178,7 @@ class DirectPath:
 
     def call(
         self,
-        calls: Sequence[RankCall],
+        calls: RankCalls,
         method: str,
         *,
         label: str,
@@ -195,10 +195,10 @@ class DirectPath:
             for index in range(len(calls)):
                 self._post(parts.message(index))
             return parts.futures
-        batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
+        batches: dict[Lane, Sequence[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         made = parts.made
-        for slot, run in _runs(calls):  # consecutive ranks of one worker process
+        for slot, run in self._layouts.runs(calls.refs):  # a process's consecutive ranks
             process = (slot.address, slot.worker_id)
             lane = lanes.get(process, _UNASKED)
             if lane is _UNASKED:
@@ -208,13 +208,13 @@ class DirectPath:
                     self._post(parts.message(index))
                 continue
             if parts.plain:  # no rank has future inputs: all of them go on the lane
-                batches.setdefault(lane, []).extend(run)
+                _add_to(batches, lane, run)
                 continue
             for index in run:
                 if made[index].inputs or made[index].known:
                     self._post(parts.message(index))
                 else:
-                    batches.setdefault(lane, []).append(index)
+                    _add_to(batches, lane, (index,))
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [i]) for lane, batch in together for i in batch]
@@ -250,7 +250,7 @@ class DirectPath:
 
     def _parts(
         self,
-        calls: Sequence[RankCall],
+        calls: RankCalls,
         method: str,
         label: str,
         blocking: bool,
@@ -817,7 +817,7 @@ class _Parts:
 
     def __init__(
         self,
-        calls: Sequence[RankCall],
+        calls: RankCalls,
         keys: KeyRun,
         common: dict[str, Any],
         made: list[_Made],
@@ -840,17 +840,17 @@ class _Parts:
 
     def message(self, index: int) -> _Message:
         """Rank ``index``'s own message."""
-        call = self.calls[index]
-        ref = call.ref
+        calls = self.calls
+        ref, seq = calls.refs[index], calls.seqs[index]
         (args, kwargs), inputs, known = self.made[index]
         msg = self.common.copy()
-        msg["instance"], msg["seq"], msg["key"] = ref.key, call.seq, self.keys[index]
+        msg["instance"], msg["seq"], msg["key"] = calls.keys[index], seq, self.keys[index]
         msg["args"], msg["kwargs"] = args, kwargs
-        message = _Message("hf_call", ref.slot, ref, call.seq, msg, inputs, self.futures[index])
+        message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, self.futures[index])
         message.known = known
         return message
 
-    def batch_msg(self, indices: list[int]) -> dict:
+    def batch_msg(self, indices: Sequence[int]) -> dict:
         """One lane message for the ranks ``indices`` (of one process): what they share
         once, the arguments too when every rank has the same, and each rank's own part."""
         common, calls, keys, made = self.common, self.calls, self.keys, self.made
@@ -865,12 +865,18 @@ class _Parts:
             batch["args"], batch["kwargs"] = first.packed
             # (its key made there, from the call's first key and its index: see KeyRun)
             batch["keys"] = (keys.head, keys.first)
-            batch["calls"] = [(calls[i].ref.key, calls[i].seq, i) for i in indices]
+            # (instance, seq, index) per rank, zipped from the columns in C
+            if type(indices) is range:
+                where = slice(indices.start, indices.stop)
+                batch["calls"] = list(zip(calls.keys[where], calls.seqs[where], indices))
+            else:
+                instances = map(calls.keys.__getitem__, indices)
+                batch["calls"] = list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
         else:
             batch["calls"] = [
                 {
-                    "instance": calls[i].ref.key,
-                    "seq": calls[i].seq,
+                    "instance": calls.keys[i],
+                    "seq": calls.seqs[i],
                     "key": keys[i],
                     "args": made[i].packed[0],
                     "kwargs": made[i].packed[1],
@@ -885,7 +891,7 @@ class _Batch:
 
     __slots__ = ("indices", "parts")
 
-    def __init__(self, parts: _Parts, indices: list[int]) -> None:
+    def __init__(self, parts: _Parts, indices: Sequence[int]) -> None:
         self.parts, self.indices = parts, indices
 
     def messages(self) -> list[_Message]:
@@ -916,37 +922,72 @@ class _Shared:
         return made
 
 
-def _one_part(calls: Sequence[RankCall]) -> RankCall | None:
+def _one_part(calls: RankCalls) -> RankCall | None:
     """The first of ``calls`` when every one has its very same arguments (``ONE_TO_ALL``:
     the same tuple and dict), else ``None``. (In C: it runs for every rank of a call.)"""
     if not calls:
         return None
     first = calls[0]
-    if all_are(map(_args_of, calls), first.args) and all_are(map(_kwargs_of, calls), first.kwargs):
+    if calls.shared or (all_are(calls.args, first.args) and all_are(calls.kwargs, first.kwargs)):
         return first
     return None
 
 
-_args_of = attrgetter("args")
-_kwargs_of = attrgetter("kwargs")
-
-
-def _runs(calls: Sequence[RankCall]) -> list[tuple[Slot, range]]:
-    """The ranks of ``calls`` as runs of consecutive ranks in one worker process: the
-    slot of each run's first, and the run's indices (a process's ranks are usually
-    consecutive, so a call looks up each process's lane once)."""
+def _runs(refs: Sequence[InstanceRef]) -> list[tuple[Slot, range]]:
+    """The ranks ``refs`` as runs of consecutive ranks in one worker process: the slot of
+    each run's first, and the run's indices (a process's ranks are usually consecutive,
+    so a call looks up each process's lane once)."""
     runs: list[tuple[Slot, range]] = []
     start, address, worker = 0, None, None
     slot: Slot | None = None
-    for index, call in enumerate(calls):
-        here = call.ref.slot
+    for index, ref in enumerate(refs):
+        here = ref.slot
         if here.address != address or here.worker_id != worker:
             if slot is not None:
                 runs.append((slot, range(start, index)))
             slot, start, address, worker = here, index, here.address, here.worker_id
     if slot is not None:
-        runs.append((slot, range(start, len(calls))))
+        runs.append((slot, range(start, len(refs))))
     return runs
+
+
+def _add_to(batches: dict[Lane, Sequence[int]], lane: Lane, indices: Sequence[int]) -> None:
+    """Add the ranks ``indices`` to ``lane``'s batch: a lane given one run of ranks keeps
+    it as its ``range`` (sliced from the call's columns as it is written)."""
+    had = batches.get(lane)
+    if had is None:
+        batches[lane] = indices if type(indices) is range else list(indices)
+    elif type(had) is list:
+        had.extend(indices)
+    else:
+        batches[lane] = [*had, *indices]
+
+
+class _Layouts:
+    """``_runs`` of the rank lists calls were made to, remembered: a group calls the same
+    ranks again and again, and finding its processes' runs is a step per rank. Keyed by
+    the identities of the ``InstanceRef``s (which the entry holds, so no identity is
+    reused while it is kept); the oldest are forgotten past ``MAX_LAYOUTS``."""
+
+    def __init__(self) -> None:
+        self._known: dict[tuple[int, ...], tuple[Sequence[InstanceRef], list]] = {}
+        self._lock = threading.Lock()
+
+    def runs(self, refs: Sequence[InstanceRef]) -> list[tuple[Slot, range]]:
+        key = tuple(map(id, refs))
+        known = self._known.get(key)
+        if known is not None:
+            return known[1]
+        runs = _runs(refs)
+        with self._lock:
+            while len(self._known) >= MAX_LAYOUTS:
+                del self._known[next(iter(self._known))]
+            self._known[key] = (list(refs), runs)
+        return runs
+
+
+#: Rank lists whose runs ``_Layouts`` remembers (a job calls a handful of groups).
+MAX_LAYOUTS = 64
 
 
 def _packed_bytes(made: _Made) -> int:

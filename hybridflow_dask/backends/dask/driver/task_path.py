@@ -37,7 +37,7 @@ from ..wire.keys import task_key
 from ..wire.messages import is_plain
 from ..wire.snapshot import Captured
 from ..worker.tasks import create_instance, destroy_instance, run_call, skip_call, worker_port
-from .call_path import RankCall
+from .call_path import RankCalls
 from .liveness import Liveness, futures_in
 
 __all__ = ["TaskPath"]
@@ -86,7 +86,7 @@ class TaskPath:
 
     def call(
         self,
-        calls: Sequence[RankCall],
+        calls: RankCalls,
         method: str,
         *,
         label: str,
