@@ -16,7 +16,7 @@ import time
 import pytest
 
 from hybridflow_dask.backends.base import InstanceRef, Slot
-from hybridflow_dask.backends.dask.driver.call_path import RankCall
+from hybridflow_dask.backends.dask.driver.call_path import RankCall, RankCalls
 from hybridflow_dask.backends.dask.driver.gather import wait_some
 from hybridflow_dask.backends.dask.driver.liveness import Liveness
 from hybridflow_dask.backends.dask.driver.replies import (
@@ -33,7 +33,8 @@ from hybridflow_dask.errors import ProtocolError
 
 def _call(count: int, deadline: float | None = None) -> tuple[Replies, list[RankReply]]:
     """A blocking call of ``step`` to ``count`` ranks of group ``g``, not sent anywhere."""
-    calls = [RankCall(ref, 1, (), {}) for ref in _refs(count)]
+    refs = _refs(count)
+    calls = RankCalls(refs, [r.key for r in refs], [1] * count, (), {}, shared=True)
     replies = Replies(calls, task_keys("g.step", count), deadline)
     return replies, list(RankReplies(replies))
 
@@ -213,3 +214,16 @@ def test_a_message_naming_frames_it_does_not_carry_is_refused():
     finally:
         sender.close()
         receiver.close()
+
+
+def test_a_calls_columns_give_each_rank_its_own_part():
+    refs = _refs(3)
+    keys = [ref.key for ref in refs]
+    shared = RankCalls(refs, keys, [4, 5, 6], (1,), {"x": 2}, shared=True)
+    assert list(shared) == [RankCall(ref, seq, (1,), {"x": 2}) for ref, seq in zip(refs, [4, 5, 6])]
+    assert shared[0].args is shared[2].args  # the very same objects: packed once
+    args, kwargs = [(0,), (1,), (2,)], [{}, {"y": 1}, {}]
+    own = RankCalls(refs, keys, [7, 8, 9], args, kwargs, shared=False)
+    assert own[1] == RankCall(refs[1], 8, (1,), {"y": 1})
+    assert own[-1].seq == 9 and len(own) == 3
+    assert own[1:] == [own[1], own[2]]

@@ -114,15 +114,14 @@ class _KeyIds:
     """
 
     def __init__(self) -> None:
-        self._pid = -1
         self._prefix = ""
         self._next = 0
         self._lock = threading.Lock()
         os.register_at_fork(after_in_child=self._forked)
 
     def prefix(self) -> str:
-        if self._pid != os.getpid():
-            self._pid, self._prefix = os.getpid(), uuid.uuid4().hex[:20]
+        if not self._prefix:  # (drawn on first use, and again in a forked child)
+            self._prefix = uuid.uuid4().hex[:20]
         return self._prefix
 
     def take(self, count: int) -> int:
@@ -137,6 +136,7 @@ class _KeyIds:
 
     def _forked(self) -> None:
         self._lock = threading.Lock()  # (a thread of the parent may have held it)
+        self._prefix = ""
 
 
 _key_ids = _KeyIds()
