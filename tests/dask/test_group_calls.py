@@ -6,6 +6,7 @@ import os
 import time
 
 import dask
+import numpy as np
 import pytest
 import torch
 
@@ -44,6 +45,10 @@ class Light(hf.Worker):
         if self.rank == sleeping:
             time.sleep(seconds)
         return self.rank
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def array_or_none(self):
+        return None if self.rank % 2 else np.full(3, self.rank)
 
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def plain_or_tensor(self):
@@ -140,6 +145,15 @@ def test_plain_and_serialized_results_of_one_batch_each_reach_their_rank(light_g
         5,
         [6.0, 6.0],
         7,
+    ]
+
+
+def test_results_that_answer_equality_elementwise_are_gathered_as_they_are(light_group):
+    """numpy arrays among ``None``s: the driver's count of what it gathered must not ask
+    an array whether it equals ``None`` (numpy answers element by element)."""
+    out = light_group.array_or_none()
+    assert [None if r is None else r.tolist() for r in out] == [
+        None if rank % 2 else [rank] * 3 for rank in range(8)
     ]
 
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import copy
+import operator
 import time
 from collections.abc import Callable, Sequence
+from itertools import repeat
 from typing import Any, cast
 
 from dask.sizeof import sizeof
@@ -104,7 +106,9 @@ class Gathering:
 
     def _count_gathered(self, values: list[Any]) -> None:
         """``driver_bytes["gathered"]``: what results brought into the driver."""
-        nones = values.count(None)  # a control call's usual result, sized once (in C)
+        # ``None``, a control call's usual result, sized once: counted in C, by identity
+        # (``list.count`` would compare with ``==``, which a numpy array answers in bulk)
+        nones = sum(map(operator.is_, values, repeat(None)))
         total = nones * _NONE_SIZE
         if nones < len(values):
             total += sum(sizeof(value) for value in values if value is not None)
