@@ -62,7 +62,9 @@ def test_the_readme_example_runs_on_ray_and_a_to_b_never_passes_the_driver(
     # serve the later tests; its closing hf.shutdown() only forgets it here, and the
     # example's groups are shut down below.
     program = code.group(1).replace(main, main + "    hf.init(backend)\n")
-    monkeypatch.setattr(hf, "shutdown", lambda: monkeypatch.setattr(runtime, "_default", None))
+    # (the default backend is put back as it was, unset, when the test ends)
+    monkeypatch.setattr(runtime, "_default", runtime._default)
+    monkeypatch.setattr(hf, "shutdown", lambda: setattr(runtime, "_default", None))
     calls: list[tuple[str, Any]] = []
     fetched: list[Any] = []
     real_call, real_get = RayBackend.call, ray.get
