@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import contextlib
 import random
-import select
 import socket
 import threading
 import time
@@ -172,53 +171,6 @@ def test_a_caller_reading_when_the_worker_dies_reports_its_calls_broken():
         threading.Timer(0.2, next(iter(server._conns)).shutdown, (socket.SHUT_RDWR,)).start()
         read_replies([lane], lambda: bool(recorder.broken), 5.0)
         assert recorder.broken == [["mine"]] and not recorder.replies
-
-
-class _CountingPoll:
-    """``select.poll`` that counts the times its caller woke (each ``poll`` returning)."""
-
-    woke = 0
-
-    def __init__(self) -> None:
-        self._poll = _REAL_POLL()
-
-    def register(self, *args) -> None:
-        self._poll.register(*args)
-
-    def modify(self, *args) -> None:
-        self._poll.modify(*args)
-
-    def poll(self, *args):
-        events = self._poll.poll(*args)
-        _CountingPoll.woke += 1
-        return events
-
-
-_REAL_POLL = select.poll
-
-
-def _after(seconds: float):
-    """A worker end that answers each request ``seconds`` after it came."""
-
-    def handle(msg, reply):
-        threading.Timer(seconds, reply, ({"id": msg["id"], "n": msg.get("n")},)).start()
-
-    return handle
-
-
-def test_a_caller_waiting_on_several_lanes_wakes_for_the_last_reply_not_each_one(monkeypatch):
-    with contextlib.ExitStack() as stack:
-        ends = [stack.enter_context(_lane_to(_after(delay))) for delay in (0.0, 0.05, 0.3)]
-        lanes = [lane for lane, _, _ in ends]
-        recorders = [recorder for _, recorder, _ in ends]
-        monkeypatch.setattr(select, "poll", _CountingPoll)
-        _CountingPoll.woke = 0
-        for n, lane in enumerate(lanes):
-            lane.request({"op": "call", "n": n}, n, read_by_caller=True)
-        read_replies(lanes, lambda: all(r.replies for r in recorders), 5.0)
-        assert [r.replies[0][0]["n"] for r in recorders] == [0, 1, 2]
-        assert all(r.replies[0][1] == threading.get_ident() for r in recorders)
-        assert _CountingPoll.woke == 1  # the replies at 0 and 50 ms woke nobody
 
 
 def test_a_lane_that_ends_wakes_a_caller_waiting_on_another_at_once():

@@ -245,7 +245,7 @@ class DirectPath:
                 for asked in batches:
                     asked.hand_over()
         if caller_reads and parts.replies is not None:
-            parts.replies.read_on(batches)
+            parts.replies.lanes = tuple(batches)
         return parts.futures
 
     def _parts(

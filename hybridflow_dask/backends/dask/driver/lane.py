@@ -42,7 +42,6 @@ in force when the call was made), and a worker's that makes no progress for
 from __future__ import annotations
 
 import contextlib
-import functools
 import itertools
 import logging
 import math
@@ -382,24 +381,12 @@ def _until(sock: Any, deadline: float, stall: float | None) -> Callable[[Any], N
     return write
 
 
-def read_replies(
-    lanes: Sequence[Lane],
-    done: Callable[[], bool],
-    timeout: float,
-    owing: Callable[[], Sequence[Lane]] | None = None,
-) -> None:
+def read_replies(lanes: Sequence[Lane], done: Callable[[], bool], timeout: float) -> None:
     """Read replies on ``lanes`` in this thread until ``done()``, for up to ``timeout``
     seconds. Only whole messages already in are read, so a stopped worker cannot hold the
     caller past ``timeout``. It reads none when another thread reads one of ``lanes``,
     and stops early when a lane ends or a reply is too large for its lane's buffer: the
-    lanes' reader threads then read what is still waited for, and the caller waits.
-
-    ``owing()`` names the lanes whose replies the caller still needs, in the order their
-    requests went out (by default, those of ``lanes`` with requests waiting). The caller
-    sleeps on the last of them only, and on the others' ends: a call's replies all have
-    to come, and the last one sent to is usually the last to answer, so a call to many
-    processes wakes its caller about once rather than once per reply; a lane that ends
-    (its worker died) still wakes it at once."""
+    lanes' reader threads then read what is still waited for, and the caller waits."""
     taken: list[Lane] = []
     try:
         for lane in lanes:
@@ -407,36 +394,18 @@ def read_replies(
                 break
             taken.append(lane)
         else:
-            if owing is None:
-                owing = functools.partial(_with_requests, taken)
-            _read_until(taken, done, time.monotonic() + timeout, owing)
+            _read_until(taken, done, time.monotonic() + timeout)
     finally:
         for lane in taken:
             lane._release_reading()
 
 
-def _with_requests(lanes: list[Lane]) -> list[Lane]:
-    return [lane for lane in lanes if lane._waiting]
-
-
-#: What wakes a caller from a lane it does not wait on now: its end, never its data.
-_HUNG_UP = select.POLLRDHUP if hasattr(select, "POLLRDHUP") else 0
-
-
-def _read_until(
-    lanes: list[Lane],
-    done: Callable[[], bool],
-    give_up: float,
-    owing: Callable[[], Sequence[Lane]],
-) -> None:
-    watch_one = bool(_HUNG_UP) and len(lanes) > 1
-    watched = lanes[-1]  # (the last its requests went to)
+def _read_until(lanes: list[Lane], done: Callable[[], bool], give_up: float) -> None:
     poller = select.poll()
-    by_fd: dict[int, Lane] = {}
+    by_fd = {}
     for lane in lanes:
         by_fd[lane._raw.fileno()] = lane
-        quiet = watch_one and lane is not watched
-        poller.register(lane._raw, _HUNG_UP if quiet else select.POLLIN | _HUNG_UP)
+        poller.register(lane._raw, select.POLLIN)
     ready = [lane for lane in lanes if lane._inbox.buffered]  # left by an earlier reader
     while True:
         for lane in ready:
@@ -447,11 +416,4 @@ def _read_until(
         left = give_up - time.monotonic()
         if left <= 0:
             return
-        if watch_one:  # wake for the last owed reply alone
-            waiting_on = owing() or lanes
-            if waiting_on[-1] is not watched:
-                poller.modify(watched._raw, _HUNG_UP)
-                watched = waiting_on[-1]
-                poller.modify(watched._raw, select.POLLIN | _HUNG_UP)
-        woke = [by_fd[fd] for fd, _ in poller.poll(math.ceil(left * 1000))]
-        ready = list(waiting_on) if watch_one and watched in woke else woke
+        ready = [by_fd[fd] for fd, _ in poller.poll(math.ceil(left * 1000))]

@@ -56,7 +56,6 @@ class Replies:
         "failed",
         "keys",
         "lanes",
-        "owed",
         "settled",
     )
 
@@ -84,28 +83,15 @@ class Replies:
         self.failed = False
         #: The lanes that carry every one of its messages, when the caller reads them.
         self.lanes: tuple[Lane, ...] = ()
-        #: A rank each of ``lanes`` answers for.
-        self.owed: tuple[int, ...] = ()
-
-    def read_on(self, lanes: dict[Lane, Sequence[int]]) -> None:
-        """Its caller reads its replies itself: each lane carries the ranks named, and
-        the lanes are in the order their requests went out."""
-        self.lanes = tuple(lanes)
-        self.owed = tuple(ranks[0] for ranks in lanes.values())
 
     def wait(self, timeout: float) -> bool:
         """Whether the call settled within ``timeout`` seconds; its caller reads its
         lanes' replies itself meanwhile, when it can (``read_replies``)."""
         if self.lanes and not self.settled.is_set():
             give_up = time.monotonic() + timeout
-            read_replies(self.lanes, self.settled.is_set, timeout, self._owing)
+            read_replies(self.lanes, self.settled.is_set, timeout)
             timeout = max(give_up - time.monotonic(), 0.0)
         return self.settled.wait(timeout)
-
-    def _owing(self) -> list[Lane]:
-        """Its lanes whose reply is not in yet (a lane answers for all its ranks at once)."""
-        done = self._done
-        return [lane for lane, rank in zip(self.lanes, self.owed) if not done[rank]]
 
     def hand_over(self) -> None:
         """Its replies are waited for elsewhere from now on: the lanes' threads read them."""
