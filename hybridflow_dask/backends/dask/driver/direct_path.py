@@ -153,7 +153,6 @@ class DirectPath:
         self._unknown: dict[str, asyncio.Event | None] = {}
         self._tasks: set[asyncio.Task] = set()
         self._channels: dict[str, Channel] = {}
-        self._layouts = _Layouts()
 
     # -- what the backend asks (the caller's thread) --------------------------------------
 
@@ -198,7 +197,7 @@ class DirectPath:
         batches: dict[Lane, Sequence[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         made = parts.made
-        for slot, run in self._layouts.runs(calls.refs):  # a process's consecutive ranks
+        for slot, run in _runs(calls.refs):  # consecutive ranks of one worker process
             process = (slot.address, slot.worker_id)
             lane = lanes.get(process, _UNASKED)
             if lane is _UNASKED:
@@ -961,33 +960,6 @@ def _add_to(batches: dict[Lane, Sequence[int]], lane: Lane, indices: Sequence[in
         had.extend(indices)
     else:
         batches[lane] = [*had, *indices]
-
-
-class _Layouts:
-    """``_runs`` of the rank lists calls were made to, remembered: a group calls the same
-    ranks again and again, and finding its processes' runs is a step per rank. Keyed by
-    the identities of the ``InstanceRef``s (which the entry holds, so no identity is
-    reused while it is kept); the oldest are forgotten past ``MAX_LAYOUTS``."""
-
-    def __init__(self) -> None:
-        self._known: dict[tuple[int, ...], tuple[Sequence[InstanceRef], list]] = {}
-        self._lock = threading.Lock()
-
-    def runs(self, refs: Sequence[InstanceRef]) -> list[tuple[Slot, range]]:
-        key = tuple(map(id, refs))
-        known = self._known.get(key)
-        if known is not None:
-            return known[1]
-        runs = _runs(refs)
-        with self._lock:
-            while len(self._known) >= MAX_LAYOUTS:
-                del self._known[next(iter(self._known))]
-            self._known[key] = (list(refs), runs)
-        return runs
-
-
-#: Rank lists whose runs ``_Layouts`` remembers (a job calls a handful of groups).
-MAX_LAYOUTS = 64
 
 
 def _packed_bytes(made: _Made) -> int:
