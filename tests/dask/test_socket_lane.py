@@ -24,7 +24,7 @@ from hybridflow_dask.backends import DaskBackend, WorkerLostError
 from hybridflow_dask.backends.dask.driver.lane import Lane
 from hybridflow_dask.backends.dask.wire.lane_protocol import lane_host
 from hybridflow_dask.backends.dask.wire.messages import Framed, read_message, unpack, write_message
-from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
+from hybridflow_dask.backends.dask.worker.lane_server import LaneServer, _DataWaits
 
 
 class Unpicklable:
@@ -397,3 +397,43 @@ def test_a_driver_turned_away_from_a_lane_asks_again_later(hf_dask_cluster, monk
         assert group.where()  # asked again: the lane carries it now
         assert [x for x in path._lanes.values() if isinstance(x, Lane)]
         group.shutdown()
+
+
+def _voluntary_switches(thread: int) -> int:
+    with open(f"/proc/self/task/{thread}/status") as status:
+        return int(status.read().split("voluntary_ctxt_switches:")[1].split()[0])
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/task"), reason="reads Linux's /proc")
+def test_a_lane_reader_waiting_for_a_call_sleeps_while_the_driver_reads_replies():
+    """A thread blocked in a unix socket's ``recv`` is woken, for nothing, each time the
+    peer reads what its end wrote (a plain ``recv_into`` here: ~20 wake-ups for the 20
+    replies below); the worker's lane reader waits in ``poll`` instead, so the driver
+    reading replies does not wake it while it waits for the next call."""
+    worker_end, driver_end = socket.socketpair()
+    got = bytearray(16)
+    started: list[int] = []
+
+    def wait_for_a_call() -> None:
+        started.append(threading.get_native_id())
+        _DataWaits(worker_end).readinto(got)
+
+    thread = threading.Thread(target=wait_for_a_call)
+    thread.start()
+    try:
+        while not started:
+            time.sleep(0.01)
+        time.sleep(0.2)  # asleep in its wait
+        before = _voluntary_switches(started[0])
+        for _ in range(20):  # replies the worker's end wrote, read by the driver's
+            worker_end.sendall(b"reply")
+            driver_end.recv(64)
+            time.sleep(0.005)
+        woken = _voluntary_switches(started[0]) - before
+        driver_end.sendall(b"call")
+        thread.join(5)
+        assert bytes(got[:4]) == b"call"
+        assert woken <= 3
+    finally:
+        worker_end.close()
+        driver_end.close()

@@ -16,7 +16,9 @@ file descriptors left, say), backing off, and ends only when the server closes.
 from __future__ import annotations
 
 import contextlib
+import io
 import logging
+import select
 import socket
 import ssl
 import threading
@@ -278,7 +280,11 @@ class LaneServer:
             conn.settimeout(None)
             nodelay(raw)
             bound_sends(conn, self._stall_s)
-            stream = conn.makefile("rb", buffering=BUFFER)
+            stream = (
+                io.BufferedReader(_DataWaits(raw), BUFFER)
+                if conn is raw
+                else conn.makefile("rb", buffering=BUFFER)
+            )
             while True:
                 msg = entry = None  # the last message's data is not kept while we wait
                 msg, _ = read_message(stream, pull_from, self._limits, started)
@@ -326,3 +332,24 @@ class LaneServer:
             for conn in late:
                 logger.warning("a lane message stalled half-way for %gs: dropped", self._stall_s)
                 drop(conn)
+
+
+class _DataWaits(io.RawIOBase):
+    """A plain socket's reads, each waiting for data in ``poll`` first. A thread blocked
+    in a unix socket's ``recv`` is woken too whenever the peer reads what this end wrote
+    (the kernel wakes the socket's sleepers when its send buffer frees up), so a lane's
+    reader, waiting for the next call, was woken for nothing once per reply; ``poll``
+    waits for data (or the end) alone."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__()
+        self._sock = sock
+        self._poll = select.poll()
+        self._poll.register(sock, select.POLLIN)
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer: Any) -> int:
+        self._poll.poll()
+        return self._sock.recv_into(buffer)
