@@ -42,7 +42,7 @@ class RankCalls(Sequence[RankCall]):
     """One call's ranks as columns: their instances (and those instances' keys), their
     numbers there, and their arguments, or one tuple and dict that every rank shares
     (``ONE_TO_ALL``). A call to hundreds of ranks then makes no object per rank on its
-    way out, and the batches for a process are sliced from the columns in C; a rank's
+    way out, and each process's batch is zipped from the columns in C; a rank's
     ``RankCall`` is made when it is looked at (a rank sent alone, a failure)."""
 
     __slots__ = ("args", "keys", "kwargs", "refs", "seqs", "shared")

@@ -194,7 +194,7 @@ class DirectPath:
             for index in range(len(calls)):
                 self._post(parts.message(index))
             return parts.futures
-        batches: dict[Lane, Sequence[int]] = {}  # each lane's ranks, by index
+        batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
         made = parts.made
         for slot, run in _runs(calls.refs):  # consecutive ranks of one worker process
@@ -207,13 +207,13 @@ class DirectPath:
                     self._post(parts.message(index))
                 continue
             if parts.plain:  # no rank has future inputs: all of them go on the lane
-                _add_to(batches, lane, run)
+                batches.setdefault(lane, []).extend(run)
                 continue
             for index in run:
                 if made[index].inputs or made[index].known:
                     self._post(parts.message(index))
                 else:
-                    _add_to(batches, lane, (index,))
+                    batches.setdefault(lane, []).append(index)
         together = list(batches.items())
         if not self._group:  # the flat dispatch: a message per rank
             together = [(lane, [i]) for lane, batch in together for i in batch]
@@ -865,12 +865,8 @@ class _Parts:
             # (its key made there, from the call's first key and its index: see KeyRun)
             batch["keys"] = (keys.head, keys.first)
             # (instance, seq, index) per rank, zipped from the columns in C
-            if type(indices) is range:
-                where = slice(indices.start, indices.stop)
-                batch["calls"] = list(zip(calls.keys[where], calls.seqs[where], indices))
-            else:
-                instances = map(calls.keys.__getitem__, indices)
-                batch["calls"] = list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
+            instances = map(calls.keys.__getitem__, indices)
+            batch["calls"] = list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
         else:
             batch["calls"] = [
                 {
@@ -948,18 +944,6 @@ def _runs(refs: Sequence[InstanceRef]) -> list[tuple[Slot, range]]:
     if slot is not None:
         runs.append((slot, range(start, len(refs))))
     return runs
-
-
-def _add_to(batches: dict[Lane, Sequence[int]], lane: Lane, indices: Sequence[int]) -> None:
-    """Add the ranks ``indices`` to ``lane``'s batch: a lane given one run of ranks keeps
-    it as its ``range`` (sliced from the call's columns as it is written)."""
-    had = batches.get(lane)
-    if had is None:
-        batches[lane] = indices if type(indices) is range else list(indices)
-    elif type(had) is list:
-        had.extend(indices)
-    else:
-        batches[lane] = [*had, *indices]
 
 
 def _packed_bytes(made: _Made) -> int:
