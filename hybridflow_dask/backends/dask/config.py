@@ -21,6 +21,7 @@ __all__ = [
     "freeze_gc",
     "fresh_processes",
     "group_messages",
+    "loop_check_interval",
     "max_local_workers",
     "message_log_length",
     "ranks_per_worker",
@@ -107,6 +108,26 @@ def freeze_gc() -> None:
     own objects (a dropped group, say) for good."""
     if dask.config.get("hybridflow.freeze-gc") and gc.get_freeze_count() == 0:
         gc.freeze()
+
+
+def loop_check_interval() -> str | None:
+    """How often an owned cluster's processes check their event loops
+    (``hybridflow.loop-check-interval``, for Dask's ``distributed.admin.tick.interval``),
+    or ``None`` for Dask's own."""
+    raw = dask.config.get("hybridflow.loop-check-interval", None)
+    if raw is None:
+        return None
+    try:
+        seconds = parse_timedelta(raw, default="ms")
+    except (TypeError, ValueError, KeyError):
+        seconds = None
+    if seconds is None or seconds <= 0:
+        raise ValueError(
+            f"hybridflow.loop-check-interval must be a positive time such as '500ms', got "
+            f"{raw!r}; set it with dask.config.set({{'hybridflow.loop-check-interval': "
+            "'500ms'}), or to None for Dask's own"
+        )
+    return f"{seconds * 1000:g}ms"
 
 
 def fresh_processes() -> bool:

@@ -32,7 +32,7 @@ import socket
 import struct
 import sys
 import threading
-from collections.abc import Awaitable, Callable, Collection, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import dask.config
@@ -198,8 +198,17 @@ class ForkserverNanny(Nanny):
     _lock = threading.Lock()
     _starting = 0  # these nannies starting a process under the forkserver they put in force
 
-    def __init__(self, *args: Any, preload_once: Sequence[str] = (), **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
+    def __init__(
+        self,
+        *args: Any,
+        preload_once: Sequence[str] = (),
+        settings: Mapping[str, Any] | None = None,
+        **kwargs: Any,
+    ) -> None:
+        # ``settings``: Dask settings in force while the nanny is made (a server reads how
+        # often to check its event loop then); its worker's are the nanny's ``config``.
+        with dask.config.set(dict(settings or {})):
+            super().__init__(*args, **kwargs)
         self._modules = list(preload_once)
         self._own_env: dict[str, str] = dict(self.env)
 

@@ -19,7 +19,7 @@ import dask
 from distributed import LocalCluster
 from distributed.core import Status
 
-from ..config import message_log_length, task_stream_length, worker_preload
+from ..config import loop_check_interval, message_log_length, task_stream_length, worker_preload
 from ..internals import ForkserverNanny, owned_cluster_class, start_fork_server
 from ..wire.device_route import DEVICE_COMMS, ucx_available
 
@@ -109,7 +109,7 @@ def owned_settings() -> dict[str, Any]:
     later, as workers and clients connect, are shortened by ``MessageLogCap``). What its
     worker processes start with is ``worker_settings``.
     """
-    settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s"}
+    settings: dict[str, Any] = {"distributed.scheduler.no-workers-timeout": "3s", **loop_settings()}
     length = task_stream_length()
     if length is not None:
         settings["distributed.scheduler.dashboard.status.task-stream-length"] = length
@@ -152,6 +152,7 @@ def start_local_cluster(
                 options.setdefault("worker_class", ForkserverNanny)
                 if options["worker_class"] is ForkserverNanny:
                     options["preload_once"] = worker_preload()
+                    options["settings"] = loop_settings()
                     start_fork_server(options["preload_once"])
             cluster = owned_cluster_class(LocalCluster, WORKER_PREFIX)(n_workers=0, **options)
             if n_workers:
@@ -187,13 +188,23 @@ def wait_for_local_workers(cluster: Any, client: Any, n: int, timeout: float) ->
                 raise
 
 
+def loop_settings() -> dict[str, Any]:
+    """Dask settings every process of a cluster the backend starts runs its event loop
+    with (scheduler, nannies, workers): its health check every
+    ``hybridflow.loop-check-interval``. Each check wakes the loop, and the driver's loop
+    hosts the scheduler and every nanny."""
+    interval = loop_check_interval()
+    return {} if interval is None else {"distributed.admin.tick.interval": interval}
+
+
 def worker_settings() -> dict[str, Any]:
     """Dask settings each worker process of a cluster the backend starts runs with: Dask's
     statistical profiler only with ``hybridflow.worker-profiler`` (it samples threads
-    running Dask tasks, never a group's calls). Dotted keys: the worker applies them with
-    ``dask.config.set``, where a nested section would replace all of Dask's."""
+    running Dask tasks, never a group's calls), and ``loop_settings``. Dotted keys: the
+    worker applies them with ``dask.config.set``, where a nested section would replace
+    all of Dask's."""
     profiler = bool(dask.config.get("hybridflow.worker-profiler"))
-    return {"distributed.worker.profile.enabled": profiler}
+    return {"distributed.worker.profile.enabled": profiler, **loop_settings()}
 
 
 def _with_worker_config(options: dict[str, Any]) -> dict[str, Any]:
