@@ -35,6 +35,17 @@ class Echo(hf.Worker):
         self.calls += 1
         return self.calls
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def tally(self, step: int = 1) -> int:
+        self.calls += step
+        return self.calls
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL)
+    def task_name(self, *ignored: Any) -> str:
+        import ray
+
+        return ray.get_runtime_context().get_task_name()
+
     @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
     def sleep(self, seconds: float) -> float:
         time.sleep(seconds)

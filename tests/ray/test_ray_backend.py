@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import re
 import socket
@@ -25,6 +26,7 @@ import hybridflow_dask as hf  # noqa: E402
 from hybridflow_dask import runtime  # noqa: E402
 from hybridflow_dask.backends.ray import RayBackend, RayFuture  # noqa: E402
 from hybridflow_dask.backends.ray import futures as ray_futures  # noqa: E402
+from hybridflow_dask.backends.ray.call_names import call_name, read_call_name  # noqa: E402
 from hybridflow_dask.backends.ray.worker.slot_actor import CALL_THREADS  # noqa: E402
 
 README = Path(__file__).resolve().parents[2] / "README.md"
@@ -129,6 +131,32 @@ def test_more_calls_than_a_slot_actor_has_threads_wait_in_ray_and_run_in_order(g
     calls = CALL_THREADS + 50
     futures = [backend.call(ref, "count", (), {}, label="t.count") for _ in range(calls)]
     assert backend.gather(futures) == list(range(1, calls + 1))
+
+
+def test_a_call_given_no_arguments_is_said_by_its_task_name(groups, backend):
+    group = groups([1])
+    ref = group.workers[0]
+    (named,) = group.task_name()
+    (carried,) = group.task_name("an argument")  # the call's message is its argument
+    key, driver, seq, method = read_call_name(named)
+    assert (key, driver, method) == (ref.key, backend.driver_id, "task_name")
+    assert seq >= 1
+    assert carried != named and carried.endswith(".call"), carried
+
+
+def test_calls_with_and_without_arguments_run_in_the_order_they_were_made(groups, backend):
+    ref = groups([1]).workers[0]
+    steps = [1 if i % 3 else 5 for i in range(60)]  # ``()`` for 1: said by the task's name
+    futures = [
+        backend.call(ref, "tally", () if step == 1 else (step,), {}, label="t.tally")
+        for step in steps
+    ]
+    assert backend.gather(futures) == list(itertools.accumulate(steps))
+
+
+def test_a_call_name_keeps_an_instance_key_with_spaces():
+    name = call_name("my group:0#a1 b2", "driver-1234abcd", 17, "generate")
+    assert read_call_name(name) == ("my group:0#a1 b2", "driver-1234abcd", 17, "generate")
 
 
 def test_a_result_is_captured_before_the_next_call_changes_it(groups):

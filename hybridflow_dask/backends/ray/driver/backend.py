@@ -24,6 +24,7 @@ from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ...hosting.jobs import has_coroutines
+from ..call_names import call_name
 from ..futures import RayFuture, SlotRunner, mark_inputs, resolve_all, translate
 from ..worker.slot_actor import CONCURRENCY_GROUPS, THREADED, SlotActor
 from .connect import check_answers, with_driver_paths
@@ -338,8 +339,13 @@ class RayBackend:
             seq = self._seq.get(ref.key, 0) + 1
             self._seq[ref.key] = seq
             try:
-                message = (ref.key, self.driver_id, seq, method, args, kwargs)
-                object_ref = _on_its_thread(handle.call, ref.key in self._lent).remote(message)
+                lent = ref.key in self._lent
+                if args or kwargs:
+                    message = (ref.key, self.driver_id, seq, method, args, kwargs)
+                    object_ref = _on_its_thread(handle.call, lent).remote(message)
+                else:  # said by the task's name: Ray charges for every argument
+                    name = call_name(ref.key, self.driver_id, seq, method)
+                    object_ref = _on_its_thread(handle.call_named, lent, name=name).remote()
             except BaseException as exc:  # not sent (e.g. an argument Ray cannot pickle)
                 handle.skip.remote(ref.key, self.driver_id, seq)
                 if isinstance(exc, TypeError):  # named as every backend names it
@@ -699,10 +705,13 @@ class RayBackend:
             raise translate(exc, f"slot actor {address}" if address else "the registry") from exc
 
 
-def _on_its_thread(method: Any, lent: bool) -> Any:
+def _on_its_thread(method: Any, lent: bool, **options: Any) -> Any:
     """A slot actor's method, sent where the instance runs: the actor's default thread
-    (``lent``), or the group whose threads wait for instances with threads of their own."""
-    return method if lent else method.options(concurrency_group=THREADED)
+    (``lent``), or the group whose threads wait for instances with threads of their own;
+    with Ray's other task ``options`` (a ``name``)."""
+    if not lent:
+        options["concurrency_group"] = THREADED
+    return method.options(**options) if options else method
 
 
 def _resources(wanted: Mapping[str, float]) -> dict[str, float]:

@@ -50,6 +50,7 @@ import ray
 
 from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, PickleCopy, Resolved, find_free_port
+from ..call_names import read_call_name
 from ..futures import Input, has_inputs, is_lost, translate, writable
 
 __all__ = ["CALL_THREADS", "CONCURRENCY_GROUPS", "THREADED", "SlotActor"]
@@ -155,16 +156,13 @@ class SlotActor:
         On the default thread the instance runs it right here; a call for an instance
         with a thread of its own comes on the ``calls`` group, and waits for it.
         """
-        key, driver, seq, method, args, kwargs = message
-        actor = self._actor(key)
-        with self._lock:
-            self._running += 1
-        try:
-            call = Call(key, driver, seq, method, args, kwargs)
-            return self._wait(actor, self.instances.serve_now(call, _resolve))
-        finally:
-            with self._lock:
-                self._running -= 1
+        return self._serve(Call(*message))
+
+    def call_named(self) -> Any:
+        """``call`` for a method given no arguments: the call is said by this task's
+        name (``call_names``), so Ray charges it for no argument at all."""
+        key, driver, seq, method = read_call_name(ray.get_runtime_context().get_task_name())
+        return self._serve(Call(key, driver, seq, method, (), {}))
 
     def destroy(self, key: str, driver: str, seq: int) -> None:
         """Drop the instance after the calls issued before this."""
@@ -194,6 +192,16 @@ class SlotActor:
             return self._running == 0
 
     # -- internals -------------------------------------------------------------------------
+
+    def _serve(self, call: Call) -> Any:
+        actor = self._actor(call.instance)
+        with self._lock:
+            self._running += 1
+        try:
+            return self._wait(actor, self.instances.serve_now(call, _resolve))
+        finally:
+            with self._lock:
+                self._running -= 1
 
     @staticmethod
     def _wait(actor: Actor | None, outcome: Any) -> Any:
