@@ -45,16 +45,16 @@ def test_a_rank_is_settled_once_and_a_later_outcome_changes_nothing():
     first.set_exception(RuntimeError("a late report of a broken lane"))
     assert first.done() and first.result() == "value" and first.exception() is None
     assert first.status == "finished" and second.status == "pending"
-    assert not replies.settled.is_set()  # one of two is in
+    assert not replies.over  # one of two is in
     second.set_result(None)
-    assert replies.settled.is_set() and replies.all_ok()
+    assert replies.over and replies.all_ok()
 
 
 def test_a_call_is_settled_at_its_first_failure_with_the_rest_still_pending():
     replies, ranks = _call(3)
     ranks[0].set_result(1)
     ranks[2].set_exception(ValueError("rank 2 failed"))
-    assert replies.settled.is_set() and not replies.all_ok()
+    assert replies.over and not replies.all_ok()
     assert ranks[2].status == "error" and isinstance(ranks[2].exception(), ValueError)
     with pytest.raises(ValueError, match="rank 2 failed"):
         ranks[2].result()
@@ -68,7 +68,7 @@ def test_settling_ranks_in_bulk_counts_each_once_and_keeps_a_failure_already_in(
     replies.settle_all([0, 1, 2], ["a", "again", "c"])
     assert [r.done() for r in ranks] == [True, True, True, False]
     assert ranks[1].result() == "first"  # settled before: unchanged
-    assert not replies.settled.is_set()
+    assert not replies.over
     replies.settle_all([3], ["d"])
     assert replies.all_ok() and [r.result() for r in ranks] == ["a", "first", "c", "d"]
 
@@ -78,7 +78,7 @@ def test_settling_a_run_of_ranks_and_ranks_spread_apart_gives_each_its_own_value
     replies.settle_all([1, 2, 3], ["b", "c", "d"])  # a process's consecutive ranks
     assert [r.done() for r in ranks] == [False, True, True, True, False, False]
     replies.settle_all([0, 5], ["a", "f"])  # another process's, not consecutive
-    assert not replies.settled.is_set()
+    assert not replies.over
     replies.settle_all([4], ["e"])
     assert replies.all_ok() and [r.result() for r in ranks] == ["a", "b", "c", "d", "e", "f"]
 
@@ -89,7 +89,7 @@ def test_waiting_for_one_rank_returns_once_another_thread_settles_it():
     start = time.monotonic()
     assert waited.result(timeout=10) == "late"
     assert 0.15 < time.monotonic() - start < 5
-    assert not other.done() and not replies.settled.is_set()
+    assert not other.done() and not replies.over
 
 
 def test_waiting_for_a_rank_that_never_answers_ends_at_its_timeout():

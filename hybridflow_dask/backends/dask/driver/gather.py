@@ -206,7 +206,7 @@ def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
         elif isinstance(f, ReplyFuture):
             others.append(f)
     call = one_call(futures)  # one call's ranks only, none failed yet: it reads its lanes
-    if call is not None and call.settled.is_set():
+    if call is not None and call.over:
         call = None
     if call is None:  # this thread reads no lane while it waits here: their threads do
         for replied in ranks:

@@ -3,7 +3,8 @@
 A blocking call to many ranks is answered rank by rank, and its caller waits for all of
 them at once. ``Replies`` is that call: every rank's outcome in one place, settled under
 one lock (in bulk when a worker process answers for several ranks together), with one
-event for "all in, or one failed", and what the call was (each rank's part, its
+flag for "all in, or one failed" (and an event made only for a caller that must sleep
+until then: most callers read the replies themselves), and what the call was (each rank's part, its
 deadline): all the driver's liveness needs to know of its ranks, so they are tracked as
 one entry. ``RankReply`` is one rank's view of it, the future the call path hands out
 per rank: a few slots, no lock or condition of its own, so a call to hundreds of ranks
@@ -49,6 +50,7 @@ class Replies:
         "_errors",
         "_left",
         "_lock",
+        "_settled",
         "_values",
         "_waiting",
         "calls",
@@ -56,7 +58,7 @@ class Replies:
         "failed",
         "keys",
         "lanes",
-        "settled",
+        "over",
     )
 
     def __init__(
@@ -78,20 +80,35 @@ class Replies:
         #: made then: most calls are waited for as a whole).
         self._changed: threading.Condition | None = None
         self._waiting = 0
-        #: Set once every reply is in, or one is a failure.
-        self.settled = threading.Event()
+        #: True once every reply is in, or one is a failure (set after what it covers).
+        self.over = False
+        #: Set with ``over``; made by a caller that sleeps until then (``wait``).
+        self._settled: threading.Event | None = None
         self.failed = False
         #: The lanes that carry every one of its messages, when the caller reads them.
         self.lanes: tuple[Lane, ...] = ()
 
+    def is_over(self) -> bool:
+        return self.over
+
     def wait(self, timeout: float) -> bool:
         """Whether the call settled within ``timeout`` seconds; its caller reads its
         lanes' replies itself meanwhile, when it can (``read_replies``)."""
-        if self.lanes and not self.settled.is_set():
+        if self.over:
+            return True
+        if self.lanes:
             give_up = time.monotonic() + timeout
-            read_replies(self.lanes, self.settled.is_set, timeout)
+            read_replies(self.lanes, self.is_over, timeout)
+            if self.over:
+                return True
             timeout = max(give_up - time.monotonic(), 0.0)
-        return self.settled.wait(timeout)
+        with self._lock:
+            if self.over:
+                return True
+            if self._settled is None:
+                self._settled = threading.Event()
+            settled = self._settled
+        return settled.wait(timeout)
 
     def hand_over(self) -> None:
         """Its replies are waited for elsewhere from now on: the lanes' threads read them."""
@@ -112,9 +129,9 @@ class Replies:
                 self.failed = True
             self._done[index] = True  # last: a reader without the lock sees it all
             self._left -= 1
-            over = self._told()
-        if over:
-            self.settled.set()
+            settled = self._told()
+        if settled is not None:
+            settled.set()
 
     def settle_all(self, indices: Sequence[int], values: Sequence[Any]) -> None:
         """``settle`` rank ``indices[i]`` with the good value ``values[i]``, for each
@@ -134,16 +151,20 @@ class Replies:
                         kept[index] = value
                         done[index] = True
                         self._left -= 1
-            over = self._told()
-        if over:
-            self.settled.set()
+            settled = self._told()
+        if settled is not None:
+            settled.set()
 
-    def _told(self) -> bool:
-        """(Lock held, ranks just settled.) Wake whoever waits for some ranks; whether
-        the call is over now."""
+    def _told(self) -> threading.Event | None:
+        """(Lock held, ranks just settled.) Wake whoever waits for some ranks; once the
+        call is over, mark it so, and give the event a sleeping caller waits on, if any
+        (set outside the lock)."""
         if self._waiting and self._changed is not None:
             self._changed.notify_all()
-        return self.failed or self._left == 0
+        if not self.over and (self.failed or self._left == 0):
+            self.over = True
+            return self._settled
+        return None
 
     def is_done(self, index: int) -> bool:
         return self._done[index]
@@ -175,7 +196,7 @@ class Replies:
 
     def all_ok(self) -> bool:
         """Whether every reply is in and none is a failure."""
-        return self.settled.is_set() and not self.failed
+        return self.over and not self.failed
 
 
 class RankReply:
