@@ -259,7 +259,8 @@ class DirectPath:
         before anything is sent. Ranks given the very same argument objects share one
         packing of them. A blocking call's ranks are answered in ``RankReply``s of one
         ``Replies``; a non-blocking call's results are announced to the scheduler later."""
-        keys = task_keys(label, len(calls))
+        count = len(calls)
+        keys = task_keys(label, count)
         replies = Replies(calls, keys, deadline) if blocking else None
         common = {  # what every rank's message says alike
             "driver": self.driver_id,
@@ -272,8 +273,8 @@ class DirectPath:
         one = _one_part(calls)
         if one is not None:  # every rank has the very same arguments: packed once
             this = self._packed(one, label, for_later=not blocking)
-            made = [this] * len(calls)
-            sent = len(calls) * _packed_bytes(this)
+            made = [this] * count
+            sent = count * _packed_bytes(this)
             plain = not (this.inputs or this.known)
         else:
             shared = _Shared()

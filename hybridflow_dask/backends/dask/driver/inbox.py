@@ -39,12 +39,12 @@ class Inbox:
         for frames)."""
         if size > len(self._buffer):
             raise ValueError(f"read {size} bytes with readinto: the buffer holds {self.capacity}")
-        while self.buffered < size and self._receive(0):
+        while self._end - self._start < size and self._receive(0):
             pass
-        size = min(size, self.buffered)
-        data = bytes(self._view[self._start : self._start + size])
-        self._start += size
-        return data
+        start = self._start
+        size = min(size, self._end - start)  # (no property: two reads per message)
+        self._start = start + size
+        return bytes(self._view[start : start + size])
 
     def readinto(self, buffer: Any) -> int:
         """What is buffered into ``buffer``, else (waiting) straight from the socket."""

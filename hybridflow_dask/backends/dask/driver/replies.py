@@ -54,6 +54,7 @@ class Replies:
         "_values",
         "_waiting",
         "calls",
+        "count",
         "deadline",
         "failed",
         "keys",
@@ -70,7 +71,8 @@ class Replies:
         self.keys = keys
         #: The call's deadline (``time.time()``), or ``None``.
         self.deadline = deadline
-        count = len(calls)
+        #: How many ranks the call has.
+        self.count = count = len(calls)
         self._left = count
         self._done = [False] * count
         self._values: list[Any] = [None] * count
@@ -250,7 +252,7 @@ class RankReplies(Sequence[RankReply]):
         self._made: list[RankReply] | None = None
 
     def __len__(self) -> int:
-        return len(self.replies.calls)
+        return self.replies.count
 
     @overload
     def __getitem__(self, index: int) -> RankReply: ...
@@ -286,7 +288,7 @@ def one_call(futures: Sequence[Any]) -> Replies | None:
 def all_values(call: Replies, futures: Sequence[Any]) -> list[Any] | None:
     """The values of ``futures`` when they are every rank of ``call`` in order and it was
     answered in full without a failure (the common blocking call), else ``None``."""
-    if not call.all_ok() or len(futures) != len(call.calls):
+    if not call.all_ok() or len(futures) != call.count:
         return None
     in_order = type(futures) is RankReplies and futures.replies is call
     if not in_order and list(map(_index_of, futures)) != list(range(len(futures))):
