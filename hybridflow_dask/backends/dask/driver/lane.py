@@ -140,6 +140,8 @@ class Lane:
         #: The reading was handed to the reader thread, which has not taken it up yet.
         self._asked = False
         self._turn = threading.Condition(self._lock)
+        #: Threads waiting on ``_turn`` (the reader thread, once its connection ended).
+        self._turn_waiters = 0
         self._wake = -1
         if self.callers_may_read:
             self._wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
@@ -216,7 +218,8 @@ class Lane:
             self._reading = False
             if self._waiting:  # replies no caller is reading: the reader thread's
                 self._ask_reader()
-            self._turn.notify_all()
+            if self._turn_waiters:  # (rare: a notify is three Python calls, every call)
+                self._turn.notify_all()
 
     # -- reading ------------------------------------------------------------------------------
 
@@ -299,7 +302,11 @@ class Lane:
             if self._raw.fileno() in events:  # the connection ended: read up to its end
                 with self._lock:
                     while self._reading and not self._asked and not self.broken:
-                        self._turn.wait()
+                        self._turn_waiters += 1
+                        try:
+                            self._turn.wait()
+                        finally:
+                            self._turn_waiters -= 1
                     if self.broken:
                         return False
                     self._reading, self._asked = True, False
