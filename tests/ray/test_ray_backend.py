@@ -167,6 +167,18 @@ def test_a_result_is_captured_before_the_next_call_changes_it(groups):
     assert float(value.sum()) == 0.0, "a later call changed a result already returned"
 
 
+def test_a_result_of_an_instance_on_a_thread_of_its_own_is_captured_as_it_returns(backend):
+    # Ray stores it after that thread has gone on to the next call: it is copied first
+    group = hf.WorkerGroup(hf.ResourcePool([1]), AsyncEcho, backend=backend)
+    try:
+        early = group.big_state()
+        group.bump()
+        (value,) = hf.get(early)
+        assert float(value.sum()) == 0.0, "a later call changed a result already returned"
+    finally:
+        group.shutdown()
+
+
 def test_large_arguments_are_captured_when_the_call_is_made(groups, backend):
     group = groups([1])
     tensor = torch.ones(1 << 20)

@@ -34,9 +34,11 @@ Three things are done here rather than left to Ray, each for a reason:
 - **order** comes from the driver's sequence numbers, not from Ray's actor queue: Ray
   keeps a caller's order only on a group of one thread, and the ``calls`` group has many
   (a call that arrives early waits there for its turn, holding its thread);
-- **results** are copied in the instance's thread as the method returns (the flow's
-  ``"kept"`` results): Ray serializes the return value after the call's thread gets it,
-  by when the instance's next call may be changing it.
+- **results** of an instance with a thread of its own are copied in that thread as the
+  method returns (the flow's ``"later"`` results): Ray stores the return value after
+  the call's thread gets it, by when the instance's next call may be changing it. On
+  the default thread Ray stores it as the task ends, in that thread, before the
+  instance's next call can start: nothing to copy (``"now"``).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from typing import Any
+from typing import Any, Literal
 
 import ray
 
@@ -156,13 +158,13 @@ class SlotActor:
         On the default thread the instance runs it right here; a call for an instance
         with a thread of its own comes on the ``calls`` group, and waits for it.
         """
-        return self._serve(Call(*message))
+        return self._serve(*message)
 
     def call_named(self) -> Any:
         """``call`` for a method given no arguments: the call is said by this task's
         name (``call_names``), so Ray charges it for no argument at all."""
         key, driver, seq, method = read_call_name(ray.get_runtime_context().get_task_name())
-        return self._serve(Call(key, driver, seq, method, (), {}))
+        return self._serve(key, driver, seq, method, (), {})
 
     def destroy(self, key: str, driver: str, seq: int) -> None:
         """Drop the instance after the calls issued before this."""
@@ -193,8 +195,12 @@ class SlotActor:
 
     # -- internals -------------------------------------------------------------------------
 
-    def _serve(self, call: Call) -> Any:
-        actor = self._actor(call.instance)
+    def _serve(
+        self, key: str, driver: str, seq: int, method: str, args: tuple, kwargs: dict
+    ) -> Any:
+        actor = self._actor(key)
+        # (see the module's docstring for why the default thread's results are not copied)
+        call = Call(key, driver, seq, method, args, kwargs, result=_RESULT[actor.own_thread])
         with self._lock:
             self._running += 1
         try:
@@ -239,6 +245,10 @@ class SlotActor:
             self._gone[key] = None
             while len(self._gone) > GONE_KEPT:
                 self._gone.pop(next(iter(self._gone)))
+
+
+#: What becomes of a result, by whether its instance has a thread of its own.
+_RESULT: dict[bool, Literal["now", "later"]] = {False: "now", True: "later"}
 
 
 def _resolve(args: tuple, kwargs: dict) -> Resolved:
