@@ -253,6 +253,8 @@ _RESULT: dict[bool, Literal["now", "later"]] = {False: "now", True: "later"}
 
 def _resolve(args: tuple, kwargs: dict) -> Resolved:
     """Inputs fetched by Ray are this call's own copies: nothing the flow must copy."""
+    if not args and not kwargs:  # (a call said by its task's name)
+        return args, kwargs, ()
     return _resolve_values(args), _resolve_values(kwargs), ()
 
 
