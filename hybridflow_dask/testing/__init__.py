@@ -2,8 +2,9 @@
 
 - ``hf_local_backend``: a fresh ``LocalBackend`` per test.
 - ``hf_dask_cluster``: one loopback ``LocalCluster`` per session (ini ``hf_dask_workers``,
-  default 2 single-threaded worker processes), closed at the end. It does not grow: a
-  pool needing more free workers than it has is a ``ValueError`` that names the ini option.
+  default 2 single-threaded worker processes, with the Dask settings of a cluster a
+  ``DaskBackend`` starts), closed at the end. It does not grow: a pool needing more free
+  workers than it has is a ``ValueError`` that names the ini option.
 - ``hf_dask_backend``: a ``DaskBackend`` attached to that cluster, for the session.
 - ``hf_worker_group``: a factory ``make(cls_or_cwia, pool=[2], backend=..., **kw)`` whose
   groups are shut down after the test.
@@ -102,10 +103,13 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
     from distributed import LocalCluster
 
     from ..backends.dask.config import worker_preload
+    from ..backends.dask.driver.cluster import loop_settings, owned_settings, worker_settings
     from ..backends.dask.internals import ForkserverNanny
 
     n = int(pytestconfig.getini("hf_dask_workers"))
-    with dask.config.set({"distributed.scheduler.no-workers-timeout": "3s"}):
+    # the Dask settings of a cluster a DaskBackend starts (its histories, its event
+    # loops' checks, its workers without Dask's profiler)
+    with dask.config.set(owned_settings()):
         cluster = LocalCluster(
             n_workers=n,
             threads_per_worker=1,
@@ -114,6 +118,8 @@ def hf_dask_cluster(pytestconfig: pytest.Config) -> Iterator[Any]:
             dashboard_address="127.0.0.1:0",
             worker_class=ForkserverNanny,
             preload_once=worker_preload(),
+            settings=loop_settings(),
+            config=worker_settings(),
         )
     yield cluster
     cluster.close()

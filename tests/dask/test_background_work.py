@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dask
 import pytest
+from distributed import Client
 
 from hybridflow_dask.backends import DaskBackend
 from hybridflow_dask.backends.dask.driver.cluster import (
@@ -74,3 +75,13 @@ def test_a_bad_loop_check_interval_is_refused_before_a_cluster_starts(bad):
         pytest.raises(ValueError, match=r"hybridflow\.loop-check-interval must be a positive"),
     ):
         DaskBackend(n_workers=1)
+
+
+@pytest.mark.cluster
+def test_the_plugins_session_cluster_runs_as_an_owned_cluster_does(hf_dask_cluster):
+    scheduler = hf_dask_cluster.scheduler.periodic_callbacks["tick"].callback_time
+    nannies = {n.periodic_callbacks["tick"].callback_time for n in hf_dask_cluster.workers.values()}
+    with Client(hf_dask_cluster) as client:
+        workers = set(client.run(_loop_check_ms).values())
+        profiling = set(client.run(_profiling).values())
+    assert (scheduler, nannies, workers, profiling) == (500, {500}, {500}, {False})
