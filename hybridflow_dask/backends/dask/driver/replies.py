@@ -4,12 +4,12 @@ A blocking call to many ranks is answered rank by rank, and its caller waits for
 them at once. ``Replies`` is that call: every rank's outcome in one place, settled under
 one lock (in bulk when a worker process answers for several ranks together), with one
 flag for "all in, or one failed" (and an event made only for a caller that must sleep
-until then: most callers read the replies themselves), and what the call was (each rank's part, its
-deadline): all the driver's liveness needs to know of its ranks, so they are tracked as
-one entry. ``RankReply`` is one rank's view of it, the future the call path hands out
-per rank: a few slots, no lock or condition of its own, so a call to hundreds of ranks
-does not build hundreds of ``concurrent.futures.Future``s. The call holds no reference
-to its ranks' futures, so it lives exactly as long as they do.
+until then: most callers read the replies themselves), and what the call was (each
+rank's part, its deadline): all the driver's liveness needs to know of its ranks, so
+they are tracked as one entry. ``RankReply`` is one rank's view of it, the future the
+call path hands out per rank: a few slots, no lock or condition of its own, so a call to
+hundreds of ranks does not build hundreds of ``concurrent.futures.Future``s. The call
+holds no reference to its ranks' futures, so it lives exactly as long as they do.
 
 Other direct messages (a creation, a teardown, a question to a worker) are answered in a
 ``ReplyFuture``, a ``concurrent.futures.Future`` that ``asyncio.wrap_future`` and

@@ -200,7 +200,8 @@ class SlotActor:
     ) -> Any:
         actor = self._actor(key)
         # (see the module's docstring for why the default thread's results are not copied)
-        call = Call(key, driver, seq, method, args, kwargs, result=_RESULT[actor.own_thread])
+        result: Literal["now", "later"] = "later" if actor.own_thread else "now"
+        call = Call(key, driver, seq, method, args, kwargs, result=result)
         with self._lock:
             self._running += 1
         try:
@@ -245,10 +246,6 @@ class SlotActor:
             self._gone[key] = None
             while len(self._gone) > GONE_KEPT:
                 self._gone.pop(next(iter(self._gone)))
-
-
-#: What becomes of a result, by whether its instance has a thread of its own.
-_RESULT: dict[bool, Literal["now", "later"]] = {False: "now", True: "later"}
 
 
 def _resolve(args: tuple, kwargs: dict) -> Resolved:
