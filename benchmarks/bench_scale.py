@@ -21,7 +21,11 @@ it measures a blocking no-op ``ONE_TO_ALL`` group call (median of ``--calls``):
   hosts are on one machine);
 - ``driver bytes``: what crossed the driver's link per call (``hosts`` layout only);
 - ``scheduler CPU``: the scheduler process's CPU per call, dashboard records included
-  (``hosts`` layout only: ``local`` runs it in the driver).
+  (``hosts`` layout only: ``local`` runs it in the driver);
+
+and a non-blocking no-op ``ONE_TO_ALL`` group call waited for at once (``hf.get``; verl:
+``ray.get``): its median (``non-block ms``) and the driver process's CPU per call (``its
+driver us``), the results' bookkeeping and the wait included.
 
 ``--verl`` adds verl's ``RayWorkerGroup`` (one Ray actor process per rank) at the world
 sizes up to ``--verl-max`` (default 16: a process per rank is what fits on 2 cores).
@@ -69,6 +73,10 @@ class Scale(hf.Worker):
     def started(self) -> float:
         return time.time()
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def noop_later(self) -> None:
+        return None
+
 
 def _cpu_of(pid: int) -> float:
     """Seconds of CPU process ``pid`` and its descendants (a host's launcher runs the
@@ -84,10 +92,14 @@ def _cpu_of(pid: int) -> float:
     return total
 
 
-def measure(group: Any, calls: int, warm: int, hosts: Hosts | None) -> dict[str, float]:
-    """Medians of ``calls`` blocking no-op calls, and what one call costs around them."""
+def measure(
+    group: Any, calls: int, warm: int, hosts: Hosts | None, get: Callable[[Any], Any] = hf.get
+) -> dict[str, float]:
+    """Medians of ``calls`` blocking no-op calls, and what one call costs around them;
+    then of ``calls`` non-blocking ones, each waited for with ``get``."""
     for _ in range(warm):
         group.noop()
+        get(group.noop_later())
     scheduler = hosts.scheduler if hosts else None
     scheduler_pid = scheduler.process.pid if scheduler and scheduler.process else None
     scheduler_before = _cpu_of(scheduler_pid) if scheduler_pid else 0.0
@@ -111,6 +123,13 @@ def measure(group: Any, calls: int, warm: int, hosts: Hosts | None) -> dict[str,
         out["driver_bytes_per_call"] = moved / calls
     if scheduler_pid:
         out["scheduler_cpu_us"] = (_cpu_of(scheduler_pid) - scheduler_before) / calls * 1e6
+    cpu_before, times = time.process_time(), []
+    for _ in range(calls):
+        start = time.perf_counter()
+        get(group.noop_later())
+        times.append(time.perf_counter() - start)
+    out["later_ms"] = statistics.median(times) * 1e3
+    out["later_driver_cpu_us"] = (time.process_time() - cpu_before) / calls * 1e6
     lags = []
     for _ in range(max(5, calls // 5)):
         sent = time.time()
@@ -158,6 +177,10 @@ def verl_side(world: int, calls: int, warm: int) -> dict[str, float]:
         def started(self) -> float:
             return time.time()
 
+        @register(Dispatch.ONE_TO_ALL, blocking=False)
+        def noop_later(self) -> None:
+            return None
+
     ray.init(
         num_cpus=world,
         include_dashboard=False,
@@ -168,7 +191,7 @@ def verl_side(world: int, calls: int, warm: int) -> dict[str, float]:
     try:
         pool = RayResourcePool([world], use_gpu=False, max_colocate_count=1)
         group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(VerlScale)))
-        return measure(group, calls, warm, None)
+        return measure(group, calls, warm, None, ray.get)
     finally:
         ray.shutdown()
 
@@ -218,6 +241,8 @@ COLUMNS = [
     ("last_start_ms", "last start ms", "{:.2f}"),
     ("driver_bytes_per_call", "driver B/call", "{:.0f}"),
     ("scheduler_cpu_us", "sched CPU us", "{:.0f}"),
+    ("later_ms", "non-block ms", "{:.2f}"),
+    ("later_driver_cpu_us", "its driver us", "{:.0f}"),
 ]
 
 

@@ -204,11 +204,13 @@ def test_a_worker_restarted_at_a_fixed_address_is_a_new_process_and_takes_the_ra
         assert (count_after, count) == (1, 1) and pid_after != pid
 
 
+@pytest.mark.parametrize("blocking", [True, False], ids=["lane", "stream"])
 def test_each_light_rank_of_a_process_killed_during_a_batch_fails_naming_its_own_rank(
-    own_backend,
+    own_backend, blocking
 ):
-    """The ranks one process hosts travel as one lane message; when the process dies
-    with it in flight, each of those ranks fails on its own, naming itself."""
+    """The ranks one process hosts travel as one message (on its lane when blocking, on
+    its Dask stream when not); when the process dies with it in flight, each of those
+    ranks fails on its own, naming itself."""
     with dask.config.set({"hybridflow.fresh-processes": False}):
         light = DaskBackend(cluster=own_backend.cluster, ranks_per_worker=2)
     group = hf.WorkerGroup(hf.ResourcePool([4]), Sleeper, backend=light, name_prefix="batch")
@@ -216,16 +218,17 @@ def test_each_light_rank_of_a_process_killed_during_a_batch_fails_naming_its_own
         pids = group.pid()
         assert pids[0] == pids[1] != pids[2] == pids[3]  # two light ranks per process
         refs = group.workers
-        futures = light.call_ranks(refs, "doze", [(2,)] * 4, [{}] * 4, label="doze", blocking=True)
+        futures = light.call_ranks(
+            refs, "doze", [(2,)] * 4, [{}] * 4, label="doze", blocking=blocking
+        )
         time.sleep(0.5)  # the batches are running
         _kill(pids[2])
         start = time.monotonic()
-        errors = [f.exception(10) for f in futures[2:]]
+        for rank in (2, 3):
+            with pytest.raises(WorkerLostError, match=f"rank {rank} of worker group 'batch"):
+                light.gather([futures[rank]])
         assert time.monotonic() - start < 5
-        for rank, error in zip((2, 3), errors):
-            assert isinstance(error, WorkerLostError)
-            assert f"rank {rank} of worker group 'batch" in str(error)
-        assert [f.result(10) for f in futures[:2]] == [2, 2]  # the other process's ranks
+        assert light.gather(futures[:2]) == [2, 2]  # the other process's ranks
     finally:
         group.shutdown()
         light.shutdown()

@@ -1,4 +1,6 @@
-"""A call to several ranks travels together: one lane message per worker process."""
+"""A call to several ranks travels together: one message per worker process (on its lane
+when blocking, on its Dask stream when not and every rank is handed the same plain
+arguments)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends.dask.driver.channel import Channel
 from hybridflow_dask.backends.dask.driver.lane import Lane
 
 pytestmark = pytest.mark.cluster
@@ -54,6 +57,21 @@ class Light(hf.Worker):
     def plain_or_tensor(self):
         return self.rank if self.rank % 3 else torch.full((2,), float(self.rank))
 
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def rank_later(self, failing):
+        if self.rank == failing:
+            raise KeyError(f"rank {failing} fails")
+        return self.rank
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def grow_later(self):
+        self.state += 1
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def add_rank_later(self, tensor):
+        tensor += self.rank  # changes this rank's input only
+        return tensor
+
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: hf.DataProto) -> hf.DataProto:
         return hf.DataProto.from_dict(
@@ -89,6 +107,63 @@ def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, mon
     assert light_group.fail_on(-1) == list(range(8))
     assert len(sent) == 2  # 8 ranks on 2 processes
     assert [len(msg["calls"]) for msg in sent] == [4, 4]
+
+
+def _stream_messages(monkeypatch) -> list[dict]:
+    """Every message sent on a Dask stream from now on."""
+    sent: list[dict] = []
+    original = Channel.send
+    monkeypatch.setattr(
+        Channel,
+        "send",
+        lambda channel, msg, ctx, on_reply: (
+            sent.append(msg),
+            original(channel, msg, ctx, on_reply),
+        )[1],
+    )
+    return sent
+
+
+def test_a_non_blocking_call_with_plain_arguments_is_one_stream_message_per_process(
+    light_group, monkeypatch
+):
+    sent = _stream_messages(monkeypatch)
+    futures = light_group.rank_later(-1)
+    assert hf.get(futures) == list(range(8))
+    calls = [msg for msg in sent if msg["op"] in ("hf_call", "hf_calls")]
+    assert [(msg["op"], len(msg["calls"])) for msg in calls] == [("hf_calls", 4)] * 2
+    assert [i for msg in calls for _, _, i in msg["calls"]] == list(range(8))
+
+
+def test_a_non_blocking_call_with_a_tensor_sends_each_rank_its_own_copy(light_group, monkeypatch):
+    """Arguments a rank could change in place are not shared in a batch: each rank's
+    message carries its own (as before), so no rank sees another's change."""
+    sent = _stream_messages(monkeypatch)
+    tensor = torch.ones(3)
+    out = hf.get(light_group.add_rank_later(tensor))
+    assert [t.tolist() for t in out] == [[1.0 + rank] * 3 for rank in range(8)]
+    assert [msg["op"] for msg in sent if msg["op"].startswith("hf_call")] == ["hf_call"] * 8
+    assert tensor.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_one_ranks_error_in_a_non_blocking_batch_is_that_ranks_alone(light_group):
+    futures = light_group.rank_later(5)
+    with pytest.raises(KeyError, match="rank 5 fails") as caught:
+        hf.get(futures)
+    assert caught.value.hybridflow_origin == (light_group.name_prefix, "rank_later", 5)
+    assert hf.get([f for i, f in enumerate(futures) if i != 5]) == [0, 1, 2, 3, 4, 6, 7]
+    assert hf.get(light_group.rank_later(-1)) == list(range(8))  # every rank goes on
+
+
+def test_non_blocking_batches_and_blocking_calls_run_in_the_order_made(light_group):
+    """Each rank runs its calls in the order the driver made them, whichever way each
+    travelled (a batch on the Dask stream, a batch on the lane)."""
+    seen = []
+    for later in (2, 1, 3):
+        for _ in range(later):
+            light_group.grow_later()
+        seen.append([t.tolist() for t in light_group.grow_state()])
+    assert seen == [[[3.0] * 3] * 8, [[5.0] * 3] * 8, [[9.0] * 3] * 8]
 
 
 def test_the_flat_dispatch_sends_each_rank_its_own_lane_message(hf_dask_cluster, monkeypatch):

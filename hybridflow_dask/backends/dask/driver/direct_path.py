@@ -146,7 +146,7 @@ class DirectPath:
         self._releases = Releases(client)
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
-        self._outbox: list[_Message] = []
+        self._outbox: list[_Message | _StreamBatch] = []
         #: Keys the scheduler does not know yet (non-blocking calls in flight, tasks held back
         #: until their inputs are known), each with the event that says it now is (made
         #: when a task first waits for it: most keys are announced before anyone does).
@@ -191,8 +191,7 @@ class DirectPath:
         message is made only when it travels by itself."""
         parts = self._parts(calls, method, label, blocking, deadline)
         if not blocking:
-            for index in range(len(calls)):
-                self._post(parts.message(index))
+            self._post_later(parts)
             return parts.futures
         batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
@@ -246,6 +245,22 @@ class DirectPath:
         if caller_reads and parts.replies is not None:
             parts.replies.lanes = tuple(batches)
         return parts.futures
+
+    def _post_later(self, parts: _Parts) -> None:
+        """A non-blocking call's ranks onto their processes' streams: the ranks of one
+        process together as one message when every rank is handed the very same plain
+        arguments (no future, no tensor: nothing one rank could change under another),
+        else a message per rank."""
+        calls = parts.calls
+        if not (self._group and parts.shared and parts.plain and _travel_plain(parts.made[0])):
+            for index in range(len(calls)):
+                self._post(parts.message(index))
+            return
+        for slot, run in _runs(calls.refs):
+            if len(run) == 1:
+                self._post(parts.message(run[0]))
+            else:
+                self._post(_StreamBatch(parts, run, slot))
 
     def _parts(
         self,
@@ -582,7 +597,7 @@ class DirectPath:
 
     # -- the client's event loop -------------------------------------------------------------
 
-    def _post(self, message: _Message) -> None:
+    def _post(self, message: _Message | _StreamBatch) -> None:
         with self._lock:
             self._outbox.append(message)
             first = len(self._outbox) == 1
@@ -593,7 +608,7 @@ class DirectPath:
         with self._lock:
             messages, self._outbox = self._outbox, []
         for message in messages:
-            if message.inputs or message.known:
+            if type(message) is _Message and (message.inputs or message.known):
                 self._spawn(self._send_when_ready(message))
             else:  # the common case: straight onto the stream, no task of its own
                 self._send(message)
@@ -619,9 +634,10 @@ class DirectPath:
             return
         self._send(message)
 
-    def _send(self, message: _Message) -> None:
+    def _send(self, message: _Message | _StreamBatch) -> None:
         if self._live.is_dead(message.slot):
-            self._failed(message, self._live.error(message.slot, message.ref))
+            for one in _each(message):
+                self._failed(one, self._live.error(one.slot, one.ref))
             return
         channel = self._channels.get(message.address)
         if channel is None or channel.broken:
@@ -630,8 +646,19 @@ class DirectPath:
             )
         channel.send({"op": message.op, **message.msg}, message, self._answered)
 
-    def _answered(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
-        """A message's reply, or the error that its stream (or lane) broke. Loop thread."""
+    def _answered(
+        self, message: _Message | _StreamBatch, reply: dict | None, error: BaseException | None
+    ) -> None:
+        """A message's reply, or the error that its stream (or lane) broke. Loop thread.
+        A batch's reply is its ranks' replies, each handled as a rank's own message's."""
+        if isinstance(message, _StreamBatch):
+            futures = message.parts.futures
+            for index, answer in zip(message.indices, message.answers(reply, error)):
+                if answer is not None and answer.get("status") == "OK":  # the common case
+                    self._settle_future(futures[index], answer, None)
+                else:
+                    self._answered(message.parts.message(index), answer, error)
+            return
         if error is None:
             failure = _reply_error(cast(dict, reply))  # no error: there is a reply
             if (
@@ -735,11 +762,13 @@ class DirectPath:
             self.skip(message.ref, cast(int, message.seq))  # numbered: it has a ref
 
     def _settle(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
-        future = message.future
-        if future is None:
+        if message.future is None:
             if error is not None:
                 logger.debug("message %s to %s failed: %r", message.op, message.address, error)
             return
+        self._settle_future(message.future, reply, error)
+
+    def _settle_future(self, future: Any, reply: dict | None, error: BaseException | None) -> None:
         if type(future) is RankReply:
             future.replies.settle(future.index, reply.get("result") if reply else None, error)
             return
@@ -893,6 +922,65 @@ class _Batch:
     def messages(self) -> list[_Message]:
         """Each rank's own message (its lane broke: each is handled by itself)."""
         return [self.parts.message(index) for index in self.indices]
+
+
+class _StreamBatch:
+    """Several ranks of one non-blocking call to one worker process, on its Dask stream
+    as one message (``hf_calls``): the ranks share their plain arguments, so the message
+    carries them once, and each rank's ``(instance, number, index)``. Its reply holds each
+    rank's reply, in the batch's order."""
+
+    __slots__ = ("address", "indices", "inputs", "known", "msg", "op", "parts", "ref", "slot")
+
+    def __init__(self, parts: _Parts, indices: Sequence[int], slot: Slot) -> None:
+        self.parts, self.indices, self.slot = parts, indices, slot
+        self.address = slot.address
+        self.op, self.ref, self.inputs, self.known = "hf_calls", None, (), ()
+        calls, common = parts.calls, parts.common
+        args, kwargs = parts.made[indices[0]].packed
+        self.msg = {
+            **common,
+            "args": args,
+            "kwargs": kwargs,
+            "keys": (parts.keys.head, parts.keys.first),
+            "calls": list(
+                zip(
+                    map(calls.keys.__getitem__, indices),
+                    map(calls.seqs.__getitem__, indices),
+                    indices,
+                )
+            ),
+        }
+
+    def messages(self) -> list[_Message]:
+        """Each rank's own message (to fail or withdraw each by itself)."""
+        return [self.parts.message(index) for index in self.indices]
+
+    def answers(self, reply: dict | None, error: BaseException | None) -> list[dict | None]:
+        """Each rank's reply: its own, or the batch's when the batch failed as a whole
+        (``None`` each when the stream broke: ``error``)."""
+        count = len(self.indices)
+        if error is not None or reply is None:
+            return [None] * count
+        replies = reply.get("replies")  # (a tuple, as Dask's comm decodes a list)
+        if isinstance(replies, (list, tuple)) and len(replies) == count:
+            return list(replies)
+        if reply.get("status") == "OK":  # good, but not one reply per rank: not ours
+            broken = RuntimeError(f"a batch of {count} ranks was answered with {reply!r}")
+            reply = {"status": "error", "exception": broken}
+        return [reply] * count
+
+
+def _each(message: _Message | _StreamBatch) -> Sequence[_Message]:
+    """The ranks' own messages: a batch's each, or the message itself."""
+    if isinstance(message, _StreamBatch):
+        return message.messages()
+    return (message,)
+
+
+def _travel_plain(made: _Made) -> bool:
+    """Whether a rank's arguments travel as they are (plain values, not packed)."""
+    return not isinstance(made.packed[0], Serialized)
 
 
 class _Shared:

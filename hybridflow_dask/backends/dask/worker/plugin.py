@@ -96,6 +96,7 @@ class InstancesPlugin(WorkerPlugin):
         self._ops: dict[str, Callable[..., Any]] = {
             "hf_create": self.handle_create,
             "hf_call": self.handle_call,
+            "hf_calls": self.handle_calls,
             "hf_keep": self.handle_keep,
             "hf_destroy": self.handle_destroy,
             "hf_skip": _as_coroutine(self.handle_skip),
@@ -184,6 +185,42 @@ class InstancesPlugin(WorkerPlugin):
             return await self.instances.serve(call, self._resolve, deliver)
         except BaseException as exc:
             return _error_reply(exc)
+
+    async def handle_calls(
+        self,
+        driver: str,
+        method: str,
+        args: tuple,
+        kwargs: dict,
+        keys: tuple[str, int],
+        calls: list[tuple[str, int, int]],
+        keep: bool,
+        client: str,
+        share: bool = False,
+        deadline: float | None = None,
+    ) -> dict:
+        """Several ranks' parts of one call on Dask's comm (the ranks this process hosts,
+        handed the very same plain arguments), each served as its own call by
+        ``handle_call``; one reply holds each part's, in order."""
+        replies = await asyncio.gather(
+            *(
+                self.handle_call(
+                    instance,
+                    driver,
+                    seq,
+                    method,
+                    args,
+                    kwargs,
+                    key_of(keys, index),
+                    keep,
+                    client,
+                    share,
+                    deadline,
+                )
+                for instance, seq, index in calls
+            )
+        )
+        return {"status": "OK", "replies": list(replies)}
 
     async def handle_keep(self, key: str, value: Any, client: str) -> dict:
         """Keep a plain result the driver held under its call's key, for ``client``:
