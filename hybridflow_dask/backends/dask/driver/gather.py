@@ -74,7 +74,7 @@ class Gathering:
             return values
         limit = call_timeout()
         start = time.monotonic()
-        while pending := [f for f in futures[: self._first_failed(futures)] if _is_pending(f)]:
+        while pending := _still_pending(futures):
             wait_some(self.client, pending, POLL_S)
             self._check_open()
             pending = [f for f in pending if not f.done()]
@@ -158,15 +158,6 @@ class Gathering:
         finally:
             running.cancel()  # (a no-op once it is done)
 
-    def _first_failed(self, futures: Sequence[Any]) -> int:
-        """How many of ``futures`` to wait for: those before the first known to have
-        failed (none when a worker was lost: that fails the wait at once), else all."""
-        for i, f in enumerate(futures):
-            if _is_pending_kind(f) and f.done() and f.status in ("error", "cancelled"):
-                lost = f.status == "cancelled" or isinstance(_error_of(f), WorkerLostError)
-                return 0 if lost else i
-        return len(futures)
-
     def _at_hand(self, f: Any) -> Any:
         """What ``gather`` returns for ``f`` without fetching, or ``_FETCH``."""
         if isinstance(f, REPLY_KINDS):
@@ -181,12 +172,27 @@ def _error_of(f: Any) -> BaseException | None:
     return f.exception() if isinstance(f, REPLY_KINDS) else future_state(f).exception
 
 
+#: What a gather waits for (anything else among its futures is a value already).
+_PENDING_KINDS = (Future, *REPLY_KINDS)
+
+
 def _is_pending_kind(obj: Any) -> bool:
-    return isinstance(obj, (Future, *REPLY_KINDS))
+    return isinstance(obj, _PENDING_KINDS)
 
 
-def _is_pending(obj: Any) -> bool:
-    return _is_pending_kind(obj) and not obj.done()
+def _still_pending(futures: Sequence[Any]) -> list[Any]:
+    """The futures still to wait for, in one pass: those not done before the first
+    known to have failed (none when a worker was lost: that fails the wait at once)."""
+    pending = []
+    for f in futures:
+        if not isinstance(f, _PENDING_KINDS):
+            continue
+        if not f.done():
+            pending.append(f)
+        elif f.status in ("error", "cancelled"):
+            lost = f.status == "cancelled" or isinstance(_error_of(f), WorkerLostError)
+            return [] if lost else pending
+    return pending
 
 
 def wait_some(client: Client, futures: Sequence[Any], timeout: float) -> None:
