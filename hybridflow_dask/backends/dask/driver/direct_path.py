@@ -894,9 +894,7 @@ class _Parts:
             batch["args"], batch["kwargs"] = first.packed
             # (its key made there, from the call's first key and its index: see KeyRun)
             batch["keys"] = (keys.head, keys.first)
-            # (instance, seq, index) per rank, zipped from the columns in C
-            instances = map(calls.keys.__getitem__, indices)
-            batch["calls"] = list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
+            batch["calls"] = self.triples(indices)
         else:
             batch["calls"] = [
                 {
@@ -909,6 +907,13 @@ class _Parts:
                 for i in indices
             ]
         return batch
+
+    def triples(self, indices: Sequence[int]) -> list[tuple[str, int, int]]:
+        """``(instance, seq, index)`` of each of the ranks ``indices``, zipped from the
+        columns in C: a batch's part for a rank that shares the batch's arguments."""
+        calls = self.calls
+        instances = map(calls.keys.__getitem__, indices)
+        return list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
 
 
 class _Batch:
@@ -936,20 +941,13 @@ class _StreamBatch:
         self.parts, self.indices, self.slot = parts, indices, slot
         self.address = slot.address
         self.op, self.ref, self.inputs, self.known = "hf_calls", None, (), ()
-        calls, common = parts.calls, parts.common
         args, kwargs = parts.made[indices[0]].packed
         self.msg = {
-            **common,
+            **parts.common,
             "args": args,
             "kwargs": kwargs,
             "keys": (parts.keys.head, parts.keys.first),
-            "calls": list(
-                zip(
-                    map(calls.keys.__getitem__, indices),
-                    map(calls.seqs.__getitem__, indices),
-                    indices,
-                )
-            ),
+            "calls": parts.triples(indices),
         }
 
     def messages(self) -> list[_Message]:

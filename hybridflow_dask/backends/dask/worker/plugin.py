@@ -27,7 +27,7 @@ import os
 import sys
 import threading
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 from distributed.comm import CommClosedError
@@ -193,7 +193,7 @@ class InstancesPlugin(WorkerPlugin):
         args: tuple,
         kwargs: dict,
         keys: tuple[str, int],
-        calls: list[tuple[str, int, int]],
+        calls: Sequence[tuple[str, int, int]],
         keep: bool,
         client: str,
         share: bool = False,
