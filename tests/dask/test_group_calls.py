@@ -72,6 +72,10 @@ class Light(hf.Worker):
         tensor += self.rank  # changes this rank's input only
         return tensor
 
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def double_later(self, data: hf.DataProto) -> hf.DataProto:
+        return self.double(data)
+
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
     def double(self, data: hf.DataProto) -> hf.DataProto:
         return hf.DataProto.from_dict(
@@ -135,15 +139,37 @@ def test_a_non_blocking_call_with_plain_arguments_is_one_stream_message_per_proc
     assert [i for msg in calls for _, _, i in msg["calls"]] == list(range(8))
 
 
-def test_a_non_blocking_call_with_a_tensor_sends_each_rank_its_own_copy(light_group, monkeypatch):
-    """Arguments a rank could change in place are not shared in a batch: each rank's
-    message carries its own (as before), so no rank sees another's change."""
+def test_a_non_blocking_batch_with_a_tensor_gives_each_rank_its_own_copy(
+    light_group, monkeypatch
+):
+    """Ranks handed the very same tensor travel in one batch per process, each part with
+    its own copy: no rank sees another's change in place, nor the caller."""
     sent = _stream_messages(monkeypatch)
     tensor = torch.ones(3)
     out = hf.get(light_group.add_rank_later(tensor))
     assert [t.tolist() for t in out] == [[1.0 + rank] * 3 for rank in range(8)]
-    assert [msg["op"] for msg in sent if msg["op"].startswith("hf_call")] == ["hf_call"] * 8
+    calls = [msg for msg in sent if msg["op"].startswith("hf_call")]
+    assert [(msg["op"], len(msg["calls"])) for msg in calls] == [("hf_calls", 4)] * 2
     assert tensor.tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_non_blocking_batch_of_split_data_gives_each_rank_its_rows_and_futures_go_alone(
+    light_group, monkeypatch
+):
+    """``DP_COMPUTE_PROTO`` hands each rank its own rows: one batch per process; a call
+    given the futures of another waits for them rank by rank, each rank's message alone."""
+    sent = _stream_messages(monkeypatch)
+    data = hf.DataProto.from_dict({"x": torch.arange(16.0)})
+    first = light_group.double_later(data)
+    assert hf.get(first).batch["x"].tolist() == [2.0 * i for i in range(16)]
+    calls = [msg for msg in sent if msg["op"].startswith("hf_call")]
+    assert [(msg["op"], len(msg["calls"])) for msg in calls] == [("hf_calls", 4)] * 2
+    del sent[:]
+    second = light_group.double_later(first)
+    out = hf.get(second)
+    assert out.batch["x"].tolist() == [4.0 * i for i in range(16)]
+    assert out.batch["r"].tolist() == [float(i // 2) for i in range(16)]
+    assert [msg["op"] for msg in sent if msg["op"].startswith("hf_call")] == ["hf_call"] * 8
 
 
 def test_one_ranks_error_in_a_non_blocking_batch_is_that_ranks_alone(light_group):

@@ -248,11 +248,10 @@ class DirectPath:
 
     def _post_later(self, parts: _Parts) -> None:
         """A non-blocking call's ranks onto their processes' streams: the ranks of one
-        process together as one message when every rank is handed the very same plain
-        arguments (no future, no tensor: nothing one rank could change under another),
-        else a message per rank."""
+        process together as one message, unless some rank waits for a future among its
+        arguments (each then travels alone, when its inputs are ready)."""
         calls = parts.calls
-        if not (self._group and parts.shared and parts.plain and _travel_plain(parts.made[0])):
+        if not (self._group and parts.plain):
             for index in range(len(calls)):
                 self._post(parts.message(index))
             return
@@ -882,7 +881,7 @@ class _Parts:
     def batch_msg(self, indices: Sequence[int]) -> dict:
         """One lane message for the ranks ``indices`` (of one process): what they share
         once, the arguments too when every rank has the same, and each rank's own part."""
-        common, calls, keys, made = self.common, self.calls, self.keys, self.made
+        common, keys, made = self.common, self.keys, self.made
         batch = {
             "op": "calls",
             "driver": common["driver"],
@@ -896,17 +895,22 @@ class _Parts:
             batch["keys"] = (keys.head, keys.first)
             batch["calls"] = self.triples(indices)
         else:
-            batch["calls"] = [
-                {
-                    "instance": calls.keys[i],
-                    "seq": calls.seqs[i],
-                    "key": keys[i],
-                    "args": made[i].packed[0],
-                    "kwargs": made[i].packed[1],
-                }
-                for i in indices
-            ]
+            batch["calls"] = self.own_parts(indices)
         return batch
+
+    def own_parts(self, indices: Sequence[int]) -> list[dict]:
+        """Each of the ranks ``indices`` as a part carrying its own arguments."""
+        calls, keys, made = self.calls, self.keys, self.made
+        return [
+            {
+                "instance": calls.keys[i],
+                "seq": calls.seqs[i],
+                "key": keys[i],
+                "args": made[i].packed[0],
+                "kwargs": made[i].packed[1],
+            }
+            for i in indices
+        ]
 
     def triples(self, indices: Sequence[int]) -> list[tuple[str, int, int]]:
         """``(instance, seq, index)`` of each of the ranks ``indices``, zipped from the
@@ -931,9 +935,10 @@ class _Batch:
 
 class _StreamBatch:
     """Several ranks of one non-blocking call to one worker process, on its Dask stream
-    as one message (``hf_calls``): the ranks share their plain arguments, so the message
-    carries them once, and each rank's ``(instance, number, index)``. Its reply holds each
-    rank's reply, in the batch's order."""
+    as one message (``hf_calls``). Ranks handed the very same plain arguments share them
+    (the message carries them once, and each rank's ``(instance, number, index)``);
+    otherwise each rank's part carries its own, which Dask's comm serializes part by part,
+    so no two ranks read the same objects. Its reply holds each rank's, in order."""
 
     __slots__ = ("address", "indices", "inputs", "known", "msg", "op", "parts", "ref", "slot")
 
@@ -941,14 +946,19 @@ class _StreamBatch:
         self.parts, self.indices, self.slot = parts, indices, slot
         self.address = slot.address
         self.op, self.ref, self.inputs, self.known = "hf_calls", None, (), ()
-        args, kwargs = parts.made[indices[0]].packed
-        self.msg = {
-            **parts.common,
-            "args": args,
-            "kwargs": kwargs,
-            "keys": (parts.keys.head, parts.keys.first),
-            "calls": parts.triples(indices),
-        }
+        made = parts.made
+        first = made[indices[0]]
+        if _travel_plain(first) and (parts.shared or all(made[i] is first for i in indices)):
+            args, kwargs = first.packed
+            self.msg = {
+                **parts.common,
+                "args": args,
+                "kwargs": kwargs,
+                "keys": (parts.keys.head, parts.keys.first),
+                "calls": parts.triples(indices),
+            }
+        else:
+            self.msg = {**parts.common, "calls": parts.own_parts(indices)}
 
     def messages(self) -> list[_Message]:
         """Each rank's own message (to fail or withdraw each by itself)."""

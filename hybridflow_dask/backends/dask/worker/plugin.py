@@ -190,36 +190,43 @@ class InstancesPlugin(WorkerPlugin):
         self,
         driver: str,
         method: str,
-        args: tuple,
-        kwargs: dict,
-        keys: tuple[str, int],
-        calls: Sequence[tuple[str, int, int]],
+        calls: Sequence[tuple[str, int, int] | dict],
         keep: bool,
         client: str,
         share: bool = False,
         deadline: float | None = None,
+        args: tuple = (),
+        kwargs: dict | None = None,
+        keys: tuple[str, int] = ("", 0),
     ) -> dict:
-        """Several ranks' parts of one call on Dask's comm (the ranks this process hosts,
-        handed the very same plain arguments), each served as its own call by
-        ``handle_call``; one reply holds each part's, in order."""
-        replies = await asyncio.gather(
-            *(
-                self.handle_call(
-                    instance,
-                    driver,
-                    seq,
-                    method,
-                    args,
-                    kwargs,
-                    key_of(keys, index),
-                    keep,
-                    client,
-                    share,
-                    deadline,
-                )
-                for instance, seq, index in calls
+        """Several ranks' parts of one call on Dask's comm (the ranks this process hosts),
+        each served as its own call by ``handle_call``; one reply holds each part's, in
+        order. A part is a dict with its own arguments, or ``(instance, seq, index)``
+        when every rank was handed the same plain ``args``/``kwargs`` (its key the
+        call's ``index``-th of ``keys``: see ``KeyRun``)."""
+
+        def served(part: tuple[str, int, int] | dict) -> Any:
+            if isinstance(part, dict):
+                instance, seq, key = part["instance"], part["seq"], part["key"]
+                own_args, own_kwargs = part["args"], part["kwargs"]
+            else:
+                instance, seq, index = part
+                key, own_args, own_kwargs = key_of(keys, index), args, kwargs or {}
+            return self.handle_call(
+                instance,
+                driver,
+                seq,
+                method,
+                own_args,
+                own_kwargs,
+                key,
+                keep,
+                client,
+                share,
+                deadline,
             )
-        )
+
+        replies = await asyncio.gather(*map(served, calls))
         return {"status": "OK", "replies": list(replies)}
 
     async def handle_keep(self, key: str, value: Any, client: str) -> dict:
