@@ -139,9 +139,7 @@ def test_a_non_blocking_call_with_plain_arguments_is_one_stream_message_per_proc
     assert [i for msg in calls for _, _, i in msg["calls"]] == list(range(8))
 
 
-def test_a_non_blocking_batch_with_a_tensor_gives_each_rank_its_own_copy(
-    light_group, monkeypatch
-):
+def test_a_non_blocking_batch_with_a_tensor_gives_each_rank_its_own_copy(light_group, monkeypatch):
     """Ranks handed the very same tensor travel in one batch per process, each part with
     its own copy: no rank sees another's change in place, nor the caller."""
     sent = _stream_messages(monkeypatch)
