@@ -93,45 +93,32 @@ def light_group(hf_dask_cluster):
         group.shutdown()
 
 
-def _lane_requests(monkeypatch) -> list[dict]:
-    """Every message written on a lane from now on (and still written)."""
+def _messages_sent(monkeypatch, owner: type, method: str) -> list[dict]:
+    """Every message ``owner.method`` sends from now on (a lane's ``request``, a Dask
+    stream's ``send``: the message is the first argument)."""
     sent: list[dict] = []
-    original = Lane.request
-    monkeypatch.setattr(
-        Lane,
-        "request",
-        lambda lane, msg, ctx, **kw: (sent.append(msg), original(lane, msg, ctx, **kw))[1],
-    )
+    original = getattr(owner, method)
+
+    def spy(self, msg, *args, **kwargs):
+        sent.append(msg)
+        return original(self, msg, *args, **kwargs)
+
+    monkeypatch.setattr(owner, method, spy)
     return sent
 
 
 def test_a_group_call_sends_one_lane_message_per_worker_process(light_group, monkeypatch):
     light_group.fail_on(-1)  # lanes open
-    sent = _lane_requests(monkeypatch)
+    sent = _messages_sent(monkeypatch, Lane, "request")
     assert light_group.fail_on(-1) == list(range(8))
     assert len(sent) == 2  # 8 ranks on 2 processes
     assert [len(msg["calls"]) for msg in sent] == [4, 4]
 
 
-def _stream_messages(monkeypatch) -> list[dict]:
-    """Every message sent on a Dask stream from now on."""
-    sent: list[dict] = []
-    original = Channel.send
-    monkeypatch.setattr(
-        Channel,
-        "send",
-        lambda channel, msg, ctx, on_reply: (
-            sent.append(msg),
-            original(channel, msg, ctx, on_reply),
-        )[1],
-    )
-    return sent
-
-
 def test_a_non_blocking_call_with_plain_arguments_is_one_stream_message_per_process(
     light_group, monkeypatch
 ):
-    sent = _stream_messages(monkeypatch)
+    sent = _messages_sent(monkeypatch, Channel, "send")
     futures = light_group.rank_later(-1)
     assert hf.get(futures) == list(range(8))
     calls = [msg for msg in sent if msg["op"] in ("hf_call", "hf_calls")]
@@ -142,7 +129,7 @@ def test_a_non_blocking_call_with_plain_arguments_is_one_stream_message_per_proc
 def test_a_non_blocking_batch_with_a_tensor_gives_each_rank_its_own_copy(light_group, monkeypatch):
     """Ranks handed the very same tensor travel in one batch per process, each part with
     its own copy: no rank sees another's change in place, nor the caller."""
-    sent = _stream_messages(monkeypatch)
+    sent = _messages_sent(monkeypatch, Channel, "send")
     tensor = torch.ones(3)
     out = hf.get(light_group.add_rank_later(tensor))
     assert [t.tolist() for t in out] == [[1.0 + rank] * 3 for rank in range(8)]
@@ -156,7 +143,7 @@ def test_a_non_blocking_batch_of_split_data_gives_each_rank_its_rows_and_futures
 ):
     """``DP_COMPUTE_PROTO`` hands each rank its own rows: one batch per process; a call
     given the futures of another waits for them rank by rank, each rank's message alone."""
-    sent = _stream_messages(monkeypatch)
+    sent = _messages_sent(monkeypatch, Channel, "send")
     data = hf.DataProto.from_dict({"x": torch.arange(16.0)})
     first = light_group.double_later(data)
     assert hf.get(first).batch["x"].tolist() == [2.0 * i for i in range(16)]
@@ -198,7 +185,7 @@ def test_the_flat_dispatch_sends_each_rank_its_own_lane_message(hf_dask_cluster,
         group = hf.WorkerGroup(hf.ResourcePool([8]), hf.ClassWithInitArgs(Light), backend=backend)
         try:
             group.fail_on(-1)  # lanes open
-            sent = _lane_requests(monkeypatch)
+            sent = _messages_sent(monkeypatch, Lane, "request")
             assert group.fail_on(-1) == list(range(8))
             assert len(sent) == 8 and all("calls" not in msg for msg in sent)
             assert sorted(msg["seq"] for msg in sent) == [3] * 8  # creation, two calls

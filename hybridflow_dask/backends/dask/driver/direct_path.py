@@ -184,11 +184,12 @@ class DirectPath:
         blocking: bool,
         deadline: float | None = None,
     ) -> Sequence[Any]:
-        """One message per rank, and per worker process one write: the ranks of a
-        blocking call without future inputs go on their process's lane together (as one
-        batch when the process hosts several of them), the others on its stream, which
-        writes every message posted in one turn of the loop at once. A rank's own
-        message is made only when it travels by itself."""
+        """One message per worker process, where it can: the ranks of a call without
+        future inputs travel together (as one batch when the process hosts several of
+        them), on the process's lane when the call blocks, else on its stream; a rank
+        with future inputs travels alone on the stream, which writes every message
+        posted in one turn of the loop at once. A rank's own message is made only when
+        it travels by itself."""
         parts = self._parts(calls, method, label, blocking, deadline)
         if not blocking:
             self._post_later(parts)
