@@ -880,45 +880,46 @@ class _Parts:
         return message
 
     def batch_msg(self, indices: Sequence[int]) -> dict:
-        """One lane message for the ranks ``indices`` (of one process): what they share
-        once, the arguments too when every rank has the same, and each rank's own part."""
-        common, keys, made = self.common, self.keys, self.made
-        batch = {
+        """One lane message for the ranks ``indices`` (of one process); the lane's reader
+        gives each rank its own copy of arguments the batch carries once."""
+        common = self.common
+        return {
             "op": "calls",
             "driver": common["driver"],
             "method": common["method"],
             "deadline": common["deadline"],
+            **self.batch_parts(indices, share_packed=True),
         }
-        first = made[indices[0]]
-        if self.shared or all(made[i] is first for i in indices):  # a part: a plain tuple
-            batch["args"], batch["kwargs"] = first.packed
-            # (its key made there, from the call's first key and its index: see KeyRun)
-            batch["keys"] = (keys.head, keys.first)
-            batch["calls"] = self.triples(indices)
-        else:
-            batch["calls"] = self.own_parts(indices)
-        return batch
 
-    def own_parts(self, indices: Sequence[int]) -> list[dict]:
-        """Each of the ranks ``indices`` as a part carrying its own arguments."""
+    def batch_parts(self, indices: Sequence[int], *, share_packed: bool) -> dict:
+        """What a batch carries of the ranks ``indices``: when every one has the very
+        same arguments (plain ones, unless ``share_packed``), those once and each rank's
+        ``(instance, seq, index)`` (its key made there from the call's first key and its
+        index: see ``KeyRun``), zipped from the columns in C; else each rank's own part."""
         calls, keys, made = self.calls, self.keys, self.made
-        return [
-            {
-                "instance": calls.keys[i],
-                "seq": calls.seqs[i],
-                "key": keys[i],
-                "args": made[i].packed[0],
-                "kwargs": made[i].packed[1],
+        first = made[indices[0]]
+        if (self.shared or all(made[i] is first for i in indices)) and (
+            share_packed or _travel_plain(first)
+        ):
+            instances = map(calls.keys.__getitem__, indices)
+            return {
+                "args": first.packed[0],
+                "kwargs": first.packed[1],
+                "keys": (keys.head, keys.first),
+                "calls": list(zip(instances, map(calls.seqs.__getitem__, indices), indices)),
             }
-            for i in indices
-        ]
-
-    def triples(self, indices: Sequence[int]) -> list[tuple[str, int, int]]:
-        """``(instance, seq, index)`` of each of the ranks ``indices``, zipped from the
-        columns in C: a batch's part for a rank that shares the batch's arguments."""
-        calls = self.calls
-        instances = map(calls.keys.__getitem__, indices)
-        return list(zip(instances, map(calls.seqs.__getitem__, indices), indices))
+        return {
+            "calls": [
+                {
+                    "instance": calls.keys[i],
+                    "seq": calls.seqs[i],
+                    "key": keys[i],
+                    "args": made[i].packed[0],
+                    "kwargs": made[i].packed[1],
+                }
+                for i in indices
+            ]
+        }
 
 
 class _Batch:
@@ -947,19 +948,8 @@ class _StreamBatch:
         self.parts, self.indices, self.slot = parts, indices, slot
         self.address = slot.address
         self.op, self.ref, self.inputs, self.known = "hf_calls", None, (), ()
-        made = parts.made
-        first = made[indices[0]]
-        if _travel_plain(first) and (parts.shared or all(made[i] is first for i in indices)):
-            args, kwargs = first.packed
-            self.msg = {
-                **parts.common,
-                "args": args,
-                "kwargs": kwargs,
-                "keys": (parts.keys.head, parts.keys.first),
-                "calls": parts.triples(indices),
-            }
-        else:
-            self.msg = {**parts.common, "calls": parts.own_parts(indices)}
+        # (Dask's comm hands every rank the same objects for what the batch carries once)
+        self.msg = {**parts.common, **parts.batch_parts(indices, share_packed=False)}
 
     def messages(self) -> list[_Message]:
         """Each rank's own message (to fail or withdraw each by itself)."""

@@ -172,62 +172,35 @@ class InstancesPlugin(WorkerPlugin):
         # A reply on Dask's comm is written after the instance's next call may have run.
         result: Literal["kept", "later"] = "kept" if keep else "later"
         call = Call(instance, driver, seq, method, args, kwargs, result, share, deadline, key)
+        return await self._serve_on_comm(call, client)
+
+    async def handle_calls(
+        self, calls: Sequence[tuple | dict], keep: bool, client: str, **msg: Any
+    ) -> dict:
+        """Several ranks' parts of one call on Dask's comm (the ranks this process hosts),
+        each served as its own call, as ``handle_call`` serves one (parts as a lane's
+        batch has them: see ``_call_of``); one reply holds each part's, in order."""
+        result: Literal["kept", "later"] = "kept" if keep else "later"
+        served = (self._serve_on_comm(_call_of(part, msg, result), client) for part in calls)
+        return {"status": "OK", "replies": list(await asyncio.gather(*served))}
+
+    async def _serve_on_comm(self, call: Call, client: str) -> dict:
+        """Serve ``call``; its reply on Dask's comm: the result (``"later"``), or where
+        it is kept (``"kept"``: here under its key for ``client``, or by the driver
+        when plain)."""
 
         async def deliver(value: Any) -> tuple[dict, int]:
-            if not keep:
+            if call.result != "kept":
                 return {"status": "OK", "result": _payload(value, call)}, 0
             if is_plain(value):  # the driver holds it (no key here until it asks: hf_keep)
                 return {"status": "OK", "value": value}, 0
-            nbytes = await self._registrar.keep(key, value, client)
+            nbytes = await self._registrar.keep(call.key, value, client)
             return {"status": "OK", "nbytes": nbytes}, nbytes
 
         try:
             return await self.instances.serve(call, self._resolve, deliver)
         except BaseException as exc:
             return _error_reply(exc)
-
-    async def handle_calls(
-        self,
-        driver: str,
-        method: str,
-        calls: Sequence[tuple[str, int, int] | dict],
-        keep: bool,
-        client: str,
-        share: bool = False,
-        deadline: float | None = None,
-        args: tuple = (),
-        kwargs: dict | None = None,
-        keys: tuple[str, int] = ("", 0),
-    ) -> dict:
-        """Several ranks' parts of one call on Dask's comm (the ranks this process hosts),
-        each served as its own call by ``handle_call``; one reply holds each part's, in
-        order. A part is a dict with its own arguments, or ``(instance, seq, index)``
-        when every rank was handed the same plain ``args``/``kwargs`` (its key the
-        call's ``index``-th of ``keys``: see ``KeyRun``)."""
-
-        def served(part: tuple[str, int, int] | dict) -> Any:
-            if isinstance(part, dict):
-                instance, seq, key = part["instance"], part["seq"], part["key"]
-                own_args, own_kwargs = part["args"], part["kwargs"]
-            else:
-                instance, seq, index = part
-                key, own_args, own_kwargs = key_of(keys, index), args, kwargs or {}
-            return self.handle_call(
-                instance,
-                driver,
-                seq,
-                method,
-                own_args,
-                own_kwargs,
-                key,
-                keep,
-                client,
-                share,
-                deadline,
-            )
-
-        replies = await asyncio.gather(*map(served, calls))
-        return {"status": "OK", "replies": list(replies)}
 
     async def handle_keep(self, key: str, value: Any, client: str) -> dict:
         """Keep a plain result the driver held under its call's key, for ``client``:
@@ -366,7 +339,7 @@ class InstancesPlugin(WorkerPlugin):
         and its reply is written from the instance's thread before its next call runs, so
         the result needs no snapshot."""
         ident = msg["id"]
-        call = _lane_call_of(msg, msg, "now")
+        call = _call_of(msg, msg, "now")
 
         def answer(value: Any, error: BaseException | None) -> None:
             if error is not None:
@@ -413,7 +386,7 @@ class InstancesPlugin(WorkerPlugin):
 
         for index, part in enumerate(parts):
             shared = type(part) is tuple  # (instance, seq, key): the batch's arguments
-            call = _lane_call_of(part, msg, "later")
+            call = _call_of(part, msg, "later")
             # Each part is read (in this thread) before it is handed to its instance, so
             # the frames themselves go to the last part: every copy is made before any
             # instance that could change them in place has them.
@@ -549,19 +522,20 @@ def _input_keys(values: Any) -> list[str]:
     return keys
 
 
-def _lane_call_of(part: dict | tuple, msg: dict, result: Literal["now", "later"]) -> Call:
-    """The call a lane message carries (``part`` is ``msg``), or one part of a batch:
-    the driver, method and deadline are the message's; the instance, number, key and
-    arguments the part's, where a part sharing its arguments with the others (the
-    batch's ``args``/``kwargs``) is the tuple ``(instance, seq, index)``, its key the
-    call's ``index``-th (``msg["keys"]``: see ``KeyRun``)."""
-    if isinstance(part, tuple):
+def _call_of(part: dict | tuple, msg: dict, result: Literal["now", "later", "kept"]) -> Call:
+    """The call a lane message carries (``part`` is ``msg``), or one part of a batch (on
+    a lane, or on Dask's comm): the driver, method, deadline and sharing are the
+    message's; the instance, number, key and arguments the part's, where a part sharing
+    its arguments with the others (the batch's ``args``/``kwargs``) is the tuple
+    ``(instance, seq, index)``, its key the call's ``index``-th (``msg["keys"]``: see
+    ``KeyRun``)."""
+    if isinstance(part, dict):
+        instance, seq, key = part["instance"], part["seq"], part["key"]
+        args, kwargs = part["args"], part["kwargs"]
+    else:  # (a tuple, or a list as some decoders make one)
         instance, seq, index = part
         key = key_of(msg["keys"], index)
         args, kwargs = msg["args"], msg["kwargs"]
-    else:
-        instance, seq, key = part["instance"], part["seq"], part["key"]
-        args, kwargs = part["args"], part["kwargs"]
     return Call(
         instance,
         msg["driver"],
@@ -570,6 +544,7 @@ def _lane_call_of(part: dict | tuple, msg: dict, result: Literal["now", "later"]
         args,
         kwargs,
         result=result,
+        share=msg.get("share", False),
         deadline=msg.get("deadline"),
         key=key,
     )
