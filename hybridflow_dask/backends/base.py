@@ -56,9 +56,10 @@ Guarantees that span several methods:
   on its instances raises ``WorkerLostError`` naming the group and rank, promptly (the kit
   allows ``DEATH_LIMIT_S``, 10 s; the project's backends take well under a second), never
   a hang; ``alive`` turns ``False`` for the slot. A gather of a result the slot had
-  already finished either returns it (a backend whose results outlive their process, as
-  Ray's object store does, declares ``results_outlive_workers = True``) or raises
-  ``WorkerLostError``; never anything else.
+  already finished either returns it intact (where the backend keeps it outside that
+  process: Ray's object store, the Dask backend's driver for small results) or raises
+  ``WorkerLostError``; never anything else. A backend that keeps every result outside
+  declares ``results_outlive_workers = True``, and must then return it.
 - **Losing the cluster.** A backend whose instances live in a cluster it reaches over the
   network raises ``SchedulerLostError`` once the cluster's coordinator is gone for longer
   than its limit, from every call and gather; an address where none answers at start-up

@@ -15,6 +15,7 @@ from pathlib import Path
 
 import dask
 import pytest
+import torch
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend, WorkerLostError
@@ -36,6 +37,10 @@ class Sleeper(hf.Worker):
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def ping(self):
         return "pong"
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def filled(self, size):
+        return torch.full((size,), float(self.rank))
 
     @hf.register(hf.Dispatch.ONE_TO_ALL)
     def doze(self, seconds):
@@ -155,6 +160,22 @@ def test_recover_recreates_dead_ranks_on_a_new_process_for_every_group_on_the_po
     assert after[0] == (13, before[0][1])  # the survivor kept its state and process
     assert after[1][0] == 11 and after[1][1] != before[1][1]  # rebuilt from __init__, new pid
     assert sleepers.pid() == [before[0][1], after[1][1]]  # colocation holds after recovery
+
+
+def test_a_result_kept_by_a_worker_that_died_is_lost_and_one_the_driver_holds_is_not(
+    own_backend, hf_worker_group
+):
+    group = hf_worker_group(Sleeper, [1], backend=own_backend, name_prefix="keeper")
+    small, large = group.filled(4), group.filled(100_000)  # 16 B held, 400 kB kept
+    deadline = time.monotonic() + 10
+    while not all(f.done() for f in [*small, *large]) and time.monotonic() < deadline:
+        time.sleep(0.01)  # both finished; nothing read yet
+    _kill(group.pid()[0])
+    start = time.monotonic()
+    with pytest.raises(WorkerLostError, match=r"rank 0 of worker group 'keeper'"):
+        hf.get(large)
+    assert time.monotonic() - start < 5
+    assert hf.get(small)[0].tolist() == [0.0] * 4
 
 
 def test_a_call_whose_input_died_with_its_worker_fails_naming_that_worker(

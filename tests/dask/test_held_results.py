@@ -1,11 +1,13 @@
-"""A non-blocking call's plain result (``None``, a number, a short string) is held by the
-driver, not kept on a worker under a Dask key, until another process needs it: then the
-worker that made it keeps it, and the later call or task reads it as any Dask input."""
+"""A non-blocking call's plain result (``None``, a number, a short string), or one whose
+wire form is at most ``hybridflow.hold-threshold``, is held by the driver, not kept on a
+worker under a Dask key, until another process needs it: then the worker that made it
+keeps it, and the later call or task reads it as any Dask input."""
 
 from __future__ import annotations
 
 import time
 
+import dask
 import pytest
 import torch
 
@@ -19,8 +21,20 @@ class Producer(hf.Worker):
         return self.rank * factor
 
     @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
-    def tensor(self) -> torch.Tensor:
-        return torch.full((3,), float(self.rank))
+    def tensor(self, size: int = 3) -> torch.Tensor:
+        return torch.full((size,), float(self.rank))
+
+    @hf.register(hf.Dispatch.ONE_TO_ALL, blocking=False)
+    def rows(self) -> hf.DataProto:
+        """A few rows of its own, which the next call changes in place."""
+        if not hasattr(self, "state"):
+            self.state = torch.zeros(4, 2)
+        self.state += 1
+        return hf.DataProto.from_dict({"x": self.state}, meta_info={"rank": self.rank})
+
+    @hf.register(hf.Dispatch.ALL_TO_ALL)
+    def total(self, value: torch.Tensor) -> float:
+        return float(value.sum())
 
     @hf.register(hf.Dispatch.ALL_TO_ALL)
     def plus_one(self, value: int) -> int:
@@ -68,12 +82,48 @@ def test_a_plain_result_is_held_by_the_driver_and_no_worker_keeps_it(group):
     assert _known_to_scheduler(group.backend, [f.key for f in futures]) == {}
 
 
-def test_a_result_that_is_not_plain_is_still_kept_on_its_worker(group):
-    futures = group.tensor()
+def test_a_result_larger_than_the_hold_threshold_is_kept_on_its_worker(group):
+    futures = group.tensor(20_000)  # 80 kB, above the default 64 KiB
     values = hf.get(futures)
-    assert [v.tolist() for v in values] == [[0.0] * 3, [1.0] * 3]
+    assert [v.unique().tolist() for v in values] == [[0.0], [1.0]]
     known = _known_to_scheduler(group.backend, [f.key for f in futures])
     assert known == {f.key: [w.slot.address] for f, w in zip(futures, group.workers)}
+
+
+def test_a_small_result_is_held_by_the_driver_as_a_copy_nobody_can_change(group):
+    futures = group.rows()
+    first = hf.get(futures)
+    assert _known_to_scheduler(group.backend, [f.key for f in futures]) == {}
+    assert [part.batch["x"].tolist() for part in first] == [[[1.0, 1.0]] * 4] * 2
+    first[0].batch["x"] += 100  # the reader's copy: the held value stays as it came
+    group.rows()  # and the instances change the tensors they returned
+    again = hf.get(futures)
+    assert [part.batch["x"].tolist() for part in again] == [[[1.0, 1.0]] * 4] * 2
+    assert [f.result().meta_info["rank"] for f in futures] == [0, 1]
+
+
+def test_a_small_result_given_to_a_later_call_is_kept_first_by_its_worker(group):
+    made = group.tensor()
+    hf.get(made)  # held in the driver now
+    # rank i of the consumer reads rank (1 - i)'s tensor: a value from the other process
+    assert group.total([made[1], made[0]]) == [3.0, 0.0]
+    known = _known_to_scheduler(group.backend, [f.key for f in made])
+    assert known == {f.key: [w.slot.address] for f, w in zip(made, group.workers)}
+
+
+def test_a_hold_threshold_of_zero_keeps_every_result_that_is_not_plain_on_its_worker(
+    hf_dask_cluster,
+):
+    with dask.config.set({"hybridflow.hold-threshold": 0}):
+        backend = DaskBackend(cluster=hf_dask_cluster)
+    with backend:
+        wg = hf.WorkerGroup(hf.ResourcePool([2]), Producer, backend=backend)
+        futures = wg.tensor()
+        assert [v.tolist() for v in hf.get(futures)] == [[0.0] * 3, [1.0] * 3]
+        known = _known_to_scheduler(backend, [f.key for f in futures])
+        assert known == {f.key: [w.slot.address] for f, w in zip(futures, wg.workers)}
+        assert hf.get(wg.rank_times(2)) == [0, 2]  # plain ones are still held
+        wg.shutdown()
 
 
 def test_a_held_result_given_to_a_later_call_is_kept_first_by_the_worker_that_made_it(group):

@@ -312,7 +312,7 @@ def lane_ops(monkeypatch):
 
 def test_results_kept_on_workers_are_fetched_on_the_lane_where_there_is_one(lanes, lane_ops):
     path, _, group = lanes
-    x = torch.arange(8192, dtype=torch.float32).reshape(128, 64)
+    x = torch.arange(32768, dtype=torch.float32).reshape(128, 256)  # above hold-threshold
     future = group.double_later(hf.DataProto.from_dict({"x": x}))
     assert lane_ops == []  # a non-blocking call goes through the loop's stream
     out = hf.get(future)
@@ -324,7 +324,7 @@ def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_
     """The driver asks the wrong worker (as if the key had moved): that worker answers
     without it, and Dask's gather brings it."""
     path, backend, group = lanes
-    future = group.double_later(hf.DataProto.from_dict({"x": torch.ones(64, 4)}))
+    future = group.double_later(hf.DataProto.from_dict({"x": torch.ones(64, 512)}))
     parts = future.parts
     backend.gather(parts[:0])  # nothing: no message at all
     assert lane_ops == []
@@ -332,7 +332,10 @@ def test_a_result_its_lane_worker_does_not_hold_is_gathered_by_dask(lanes, lane_
     swapped = dict(zip([p.key for p in parts], reversed(placed)))
     monkeypatch.setattr(backend._live, "placed", lambda future: swapped.get(future.key))
     halves = backend.gather(parts)
-    assert [torch.equal(h.batch["x"], torch.full((32, 4), 2.0)) for h in halves] == [True, True]
+    assert [torch.equal(h.batch["x"], torch.full((32, 512), 2.0)) for h in halves] == [
+        True,
+        True,
+    ]
     assert lane_ops == (["fetch", "fetch"] if path == "lane" else [])
 
 

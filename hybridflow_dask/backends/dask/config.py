@@ -21,6 +21,7 @@ __all__ = [
     "freeze_gc",
     "fresh_processes",
     "group_messages",
+    "hold_threshold",
     "loop_check_interval",
     "max_local_workers",
     "message_log_length",
@@ -171,6 +172,12 @@ def ranks_per_worker(value: int | None = None) -> int:
             "dask.config.set({'hybridflow.ranks-per-worker': 8})"
         )
     return raw
+
+
+def hold_threshold() -> int:
+    """Bytes up to which a non-blocking call's result is held by the driver
+    (``hybridflow.hold-threshold``)."""
+    return parse_bytes(dask.config.get("hybridflow.hold-threshold"))
 
 
 def scatter_threshold() -> int:

@@ -38,6 +38,7 @@ from ..config import (
     freeze_gc,
     fresh_processes,
     group_messages,
+    hold_threshold,
     max_local_workers,
     message_log_length,
     same_host_copy,
@@ -198,6 +199,7 @@ class DaskBackend:
                 same_host_copy=same_host_copy(),
                 counts=self.driver_bytes,
                 group_messages=group_messages(),
+                hold_threshold=hold_threshold(),
             )
             if call_path() == "direct"
             else None

@@ -53,10 +53,10 @@ from ..internals import (
 from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
-from ..wire.snapshot import own_frames
+from ..wire.snapshot import Sealed, own_frames
 from .call_path import RankCall, RankCalls, all_are, same_arguments
 from .channel import Channel
-from .held import NOT_HELD, CallFuture, holding
+from .held import NOT_HELD, CallFuture, held_value, holding
 from .lane import Lane
 from .liveness import Liveness, futures_in
 from .replies import RankReplies, RankReply, Replies, ReplyFuture
@@ -129,10 +129,13 @@ class DirectPath:
         same_host_copy: bool,
         counts: dict[str, int],
         group_messages: bool = True,
+        hold_threshold: int = 0,
     ) -> None:
         self.client = client
         #: Whether a call's parts for one process travel as one message.
         self._group = group_messages
+        #: Up to how many bytes a non-blocking call's result comes back to be held here.
+        self._hold = hold_threshold
         #: The backend's ``driver_bytes``: arguments this path sends count as "scattered".
         self._counts = counts
         self.driver_id = driver_id
@@ -273,7 +276,8 @@ class DirectPath:
         """What each rank's message is made of, and its future; every argument is packed
         before anything is sent. Ranks given the very same argument objects share one
         packing of them. A blocking call's ranks are answered in ``RankReply``s of one
-        ``Replies``; a non-blocking call's results are announced to the scheduler later."""
+        ``Replies``; a non-blocking call's results are held here when small, else kept by
+        their workers and announced to the scheduler."""
         count = len(calls)
         keys = task_keys(label, count)
         replies = Replies(calls, keys, deadline) if blocking else None
@@ -285,6 +289,9 @@ class DirectPath:
             "share": self._share,
             "deadline": deadline,
         }
+        if not blocking and self._hold and not self._share:
+            # (A colocated consumer sharing its producer's objects needs them kept there.)
+            common["hold"] = self._hold
         one = _one_part(calls)
         if one is not None:  # every rank has the very same arguments: packed once
             this = self._packed(one, label, for_later=not blocking)
@@ -445,7 +452,7 @@ class DirectPath:
     def plain_result(self, future: Future, default: Any) -> Any:
         """The result of ``future`` if it came back with its reply, else ``default``."""
         held = getattr(future, "held", NOT_HELD)
-        return default if held is NOT_HELD else held
+        return default if held is NOT_HELD else held_value(held)
 
     def submit_when_known(
         self, futures: Sequence[Future], submit: Callable[[Future | None], Future], label: str
@@ -785,6 +792,8 @@ class DirectPath:
         else:
             if reply and "value" in reply:  # a plain result: the driver holds it
                 future.held = reply["value"]
+            elif reply and "sealed" in reply:  # a small one, in its wire form
+                future.held = Sealed(*reply["sealed"])
             finish_future(future)
         self.announce(future.key)
 
@@ -804,7 +813,9 @@ class DirectPath:
         if placed is None:  # every call's future is tracked while it lives
             raise RuntimeError(f"no worker is known to have made {future.key}")
         answer = ReplyFuture("hf_keep")
-        msg = {"key": future.key, "value": future.held, "client": self.client.id}
+        held = future.held
+        value = held.packed() if type(held) is Sealed else held
+        msg = {"key": future.key, "value": value, "client": self.client.id}
         self._send(_Message("hf_keep", placed[0], placed[1], None, msg, [], answer))
         await asyncio.wrap_future(answer)
 

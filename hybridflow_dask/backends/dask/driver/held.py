@@ -1,10 +1,14 @@
-"""Plain results of non-blocking calls, held by the driver instead of a worker.
+"""Plain and small results of non-blocking calls, held by the driver instead of a worker.
 
-A non-blocking call whose method returns ``None``, a bool, a number or a short string
-sends that value back with its reply, and the worker keeps nothing: no Dask key, so the
-scheduler does no work to register it and later release it. That bookkeeping was most of
-what a burst of non-blocking control calls cost the driver, whose process also runs an
-owned cluster's scheduler. Such a result becomes a Dask key only once another process
+A non-blocking call whose method returns ``None``, a bool, a number or a short string,
+or any value whose wire form is at most ``hybridflow.hold-threshold`` (a few rows of a
+``DataProto`` each, as a batch split among hundreds of ranks gives them), sends that value
+back with its reply, and the worker keeps nothing: no Dask key, so the scheduler does no
+work to register it and later release it, and reading it fetches nothing. That
+bookkeeping was most of what a burst of non-blocking calls cost the driver, whose process
+also runs an owned cluster's scheduler, and the registration most of such a call's time.
+A small value is held as its wire form (``Sealed``): each read is a copy of its own, as a
+fetch from a worker would be. Such a result becomes a Dask key only once another process
 needs it: passed to a later call or task, it is first handed back to the worker that made
 it (``DirectPath._promote``), so everything downstream sees an ordinary Dask key.
 """
@@ -18,8 +22,9 @@ from typing import Any
 from distributed import Future
 
 from ..internals import Releases, wait_future
+from ..wire.snapshot import Sealed
 
-__all__ = ["NOT_HELD", "CallFuture", "holding"]
+__all__ = ["NOT_HELD", "CallFuture", "held_value", "holding"]
 
 #: A ``CallFuture``'s ``held`` until (unless) its plain value comes back with its reply.
 NOT_HELD: Any = object()
@@ -29,7 +34,7 @@ class CallFuture(Future):
     """The future of one rank of a non-blocking direct call.
 
     Its value is either on a worker under its key, as for any Dask future, or, when it is
-    plain, ``held`` here (not a Dask key until ``promoted``). ``result()`` answers either
+    plain or small, ``held`` here (not a Dask key until ``promoted``). ``result()`` answers either
     way; Dask's own functions (``Client.gather``, ``Client.submit``) know only the first
     kind: pass these futures to ``hf.get``, the backend, or a later call instead.
     """
@@ -47,7 +52,7 @@ class CallFuture(Future):
         if not self.done() and not self.client.sync(wait_future, self, timeout):
             raise TimeoutError(f"{self.key} was not done within {timeout}s")
         if self.held is not NOT_HELD:
-            return self.held
+            return held_value(self.held)
         return super().result(timeout)
 
     def release(self) -> None:
@@ -57,6 +62,11 @@ class CallFuture(Future):
 
     def __reduce__(self) -> Any:  # elsewhere it is an ordinary Dask future of the key
         return Future, (self.key,)
+
+
+def held_value(held: Any) -> Any:
+    """A held result as its reader gets it: a plain one as it is, a sealed one opened."""
+    return held.open() if type(held) is Sealed else held
 
 
 def holding(futures: Iterable[Any]) -> list[CallFuture]:

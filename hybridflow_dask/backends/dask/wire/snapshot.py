@@ -27,13 +27,14 @@ from typing import Any
 
 import numpy
 import torch
+from dask.sizeof import sizeof
 from distributed.protocol.serialize import Serialized, deserialize
 
 from ....protocol.large_memory import LARGE_BYTES, take
 from . import device_route
 from .messages import is_plain, pack
 
-__all__ = ["Captured", "SerializerCopy", "own_frames", "snapshot"]
+__all__ = ["Captured", "Sealed", "SerializerCopy", "own_frames", "seal", "snapshot"]
 
 
 def own_frames(packed: Serialized) -> Serialized:
@@ -67,6 +68,36 @@ def snapshot(value: Any, what: str) -> Any:
         return value
     packed = pack(value, what, back=True, serializers=device_route.serializers())
     return deserialize(packed.header, [_own(f) for f in packed.frames])
+
+
+def seal(value: Any, what: str, limit: int) -> tuple[dict, list[bytes]] | None:
+    """``value`` in its wire form, its frames immutable bytes of their own, when that is
+    at most ``limit`` bytes; else ``None``. ``sizeof`` turns a large value away before
+    anything is serialized; an object it underestimates is caught by its frames' size."""
+    if sizeof(value) > limit:
+        return None
+    packed = pack(value, what, back=True)
+    frames = [bytes(frame) for frame in packed.frames]
+    if sum(map(len, frames)) > limit:
+        return None
+    return packed.header, frames
+
+
+class Sealed:
+    """A result the driver holds in its wire form (``seal``). Nobody can change it, and
+    each ``open()`` is a copy of its own, as each fetch of a result kept on a worker is."""
+
+    __slots__ = ("frames", "header")
+
+    def __init__(self, header: dict, frames: list[bytes]) -> None:
+        self.header, self.frames = header, frames
+
+    def open(self) -> Any:
+        return deserialize(self.header, list(self.frames))
+
+    def packed(self) -> Serialized:
+        """As a message carries a value it sends (its receiver reads it as it arrives)."""
+        return Serialized(self.header, list(self.frames))
 
 
 class SerializerCopy:

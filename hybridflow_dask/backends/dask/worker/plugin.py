@@ -45,7 +45,7 @@ from ..wire import serialization  # noqa: F401  (workers decode tensors and Data
 from ..wire.keys import InputKey, key_of, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
-from ..wire.snapshot import SerializerCopy
+from ..wire.snapshot import SerializerCopy, seal
 from . import rank_output
 from .borrow import Borrower, Lender
 from .call_log import CallLog
@@ -166,34 +166,40 @@ class InstancesPlugin(WorkerPlugin):
         client: str,
         share: bool = False,
         deadline: float | None = None,
+        hold: int = 0,
     ) -> dict:
         """A call on Dask's comm: a non-blocking one's result is kept here under ``key``
-        (registered with the scheduler for ``client``), a blocking one's is the reply."""
+        (registered with the scheduler for ``client``) unless the driver holds it (plain,
+        or at most ``hold`` bytes), a blocking one's is the reply."""
         # A reply on Dask's comm is written after the instance's next call may have run.
         result: Literal["kept", "later"] = "kept" if keep else "later"
         call = Call(instance, driver, seq, method, args, kwargs, result, share, deadline, key)
-        return await self._serve_on_comm(call, client)
+        return await self._serve_on_comm(call, client, hold)
 
     async def handle_calls(
-        self, calls: Sequence[tuple | dict], keep: bool, client: str, **msg: Any
+        self, calls: Sequence[tuple | dict], keep: bool, client: str, hold: int = 0, **msg: Any
     ) -> dict:
         """Several ranks' parts of one call on Dask's comm (the ranks this process hosts),
         each served as its own call, as ``handle_call`` serves one (parts as a lane's
         batch has them: see ``_call_of``); one reply holds each part's, in order."""
         result: Literal["kept", "later"] = "kept" if keep else "later"
-        served = (self._serve_on_comm(_call_of(part, msg, result), client) for part in calls)
+        served = (self._serve_on_comm(_call_of(part, msg, result), client, hold) for part in calls)
         return {"status": "OK", "replies": list(await asyncio.gather(*served))}
 
-    async def _serve_on_comm(self, call: Call, client: str) -> dict:
+    async def _serve_on_comm(self, call: Call, client: str, hold: int) -> dict:
         """Serve ``call``; its reply on Dask's comm: the result (``"later"``), or where
         it is kept (``"kept"``: here under its key for ``client``, or by the driver
-        when plain)."""
+        when plain or at most ``hold`` bytes: ``"value"``, ``"sealed"``)."""
 
         async def deliver(value: Any) -> tuple[dict, int]:
             if call.result != "kept":
                 return {"status": "OK", "result": _payload(value, call)}, 0
-            if is_plain(value):  # the driver holds it (no key here until it asks: hf_keep)
+            # The driver holds a plain or small result: no key here until it asks (hf_keep).
+            if is_plain(value):
                 return {"status": "OK", "value": value}, 0
+            sealed = seal(value, _result_of(call), hold) if hold else None
+            if sealed is not None:
+                return {"status": "OK", "sealed": sealed}, 0
             nbytes = await self._registrar.keep(call.key, value, client)
             return {"status": "OK", "nbytes": nbytes}, nbytes
 
@@ -203,7 +209,7 @@ class InstancesPlugin(WorkerPlugin):
             return _error_reply(exc)
 
     async def handle_keep(self, key: str, value: Any, client: str) -> dict:
-        """Keep a plain result the driver held under its call's key, for ``client``:
+        """Keep a result the driver held under its call's key, for ``client``:
         another process needs it now (as a later call's or a task's input)."""
         await self._registrar.keep(key, value, client)
         return {"status": "OK"}
@@ -570,5 +576,8 @@ def _payload(result: Any, call: Call) -> Any:
     result that cannot travel is an error for its caller, not a broken stream)."""
     if is_plain(result):
         return result
-    where = call.instance.split("#")[0]
-    return pack(result, f"the result of {call.method} on {where}", back=True)
+    return pack(result, _result_of(call), back=True)
+
+
+def _result_of(call: Call) -> str:
+    return f"the result of {call.method} on {call.instance.split('#')[0]}"
