@@ -25,7 +25,12 @@ it measures a blocking no-op ``ONE_TO_ALL`` group call (median of ``--calls``):
 
 and a non-blocking no-op ``ONE_TO_ALL`` group call waited for at once (``hf.get``; verl:
 ``ray.get``): its median (``non-block ms``) and the driver process's CPU per call (``its
-driver us``), the results' bookkeeping and the wait included.
+driver us``), the results' bookkeeping and the wait included; and a ``DP_COMPUTE_PROTO``
+call returning its rows, on a ``DataProto`` of 4 rows of 16 floats per rank (the few rows
+each rank gets of a batch split among hundreds), blocking (``DP ms``, ``DP driver us``)
+and non-blocking waited for at once (``DP nb ms``, ``its driver us``): the split, every
+part's packing and reading, and the join, which grow with the ranks however the messages
+travel.
 
 ``--verl`` adds verl's ``RayWorkerGroup`` (one Ray actor process per rank) at the world
 sizes up to ``--verl-max`` (default 16: a process per rank is what fits on 2 cores).
@@ -54,6 +59,7 @@ from typing import Any
 
 import dask
 import psutil
+import torch
 from outdir import results_dir  # benchmarks/outdir.py, next to this script
 
 import hybridflow_dask as hf
@@ -77,6 +83,18 @@ class Scale(hf.Worker):
     def noop_later(self) -> None:
         return None
 
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def rows(self, data: hf.DataProto) -> hf.DataProto:
+        return data
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def rows_later(self, data: hf.DataProto) -> hf.DataProto:
+        return data
+
+
+#: Rows per rank, and floats per row, of the DataProto calls.
+ROWS_PER_RANK, ROW_FLOATS = 4, 16
+
 
 def _cpu_of(pid: int) -> float:
     """Seconds of CPU process ``pid`` and its descendants (a host's launcher runs the
@@ -93,10 +111,16 @@ def _cpu_of(pid: int) -> float:
 
 
 def measure(
-    group: Any, calls: int, warm: int, hosts: Hosts | None, get: Callable[[Any], Any] = hf.get
+    group: Any,
+    calls: int,
+    warm: int,
+    hosts: Hosts | None,
+    data: Any,
+    get: Callable[[Any], Any] = hf.get,
 ) -> dict[str, float]:
     """Medians of ``calls`` blocking no-op calls, and what one call costs around them;
-    then of ``calls`` non-blocking ones, each waited for with ``get``."""
+    then of ``calls`` non-blocking ones, each waited for with ``get``; then of a fifth as
+    many ``DP_COMPUTE_PROTO`` calls on ``data``, blocking and not."""
     for _ in range(warm):
         group.noop()
         get(group.noop_later())
@@ -135,7 +159,22 @@ def measure(
         sent = time.time()
         lags.append(max(group.started()) - sent)
     out["last_start_ms"] = statistics.median(lags) * 1e3
+    for name, call in (("dp", group.rows), ("dp_later", lambda d: get(group.rows_later(d)))):
+        for _ in range(max(1, warm // 2)):
+            call(data)
+        cpu_before, times = time.process_time(), []
+        for _ in range(max(5, calls // 5)):
+            start = time.perf_counter()
+            call(data)
+            times.append(time.perf_counter() - start)
+        out[f"{name}_ms"] = statistics.median(times) * 1e3
+        out[f"{name}_driver_cpu_us"] = (time.process_time() - cpu_before) / len(times) * 1e6
     return out
+
+
+def _rows(cls: Any, world: int) -> Any:
+    """A batch of ``ROWS_PER_RANK`` rows per rank for ``cls`` (ours or verl's DataProto)."""
+    return cls.from_dict({"x": torch.randn(ROWS_PER_RANK * world, ROW_FLOATS)})
 
 
 @contextmanager
@@ -161,9 +200,17 @@ def _group(backend: DaskBackend, process_on_nodes: list[int]) -> Any:
     return hf.WorkerGroup(pool, hf.ClassWithInitArgs(Scale), backend=backend)
 
 
+def _verl_get(x: Any) -> Any:
+    """A verl non-blocking call's result: its ``DataProtoFuture``'s, or its Ray refs'."""
+    import ray
+
+    return ray.get(x) if isinstance(x, list) else x.get()
+
+
 def verl_side(world: int, calls: int, warm: int) -> dict[str, float]:
     """verl's RayWorkerGroup of ``world`` actors on a local Ray runtime."""
     import ray
+    from verl import DataProto as VerlDataProto
     from verl.single_controller.base import Worker
     from verl.single_controller.base.decorator import Dispatch, register
     from verl.single_controller.ray import RayClassWithInitArgs, RayResourcePool, RayWorkerGroup
@@ -181,6 +228,14 @@ def verl_side(world: int, calls: int, warm: int) -> dict[str, float]:
         def noop_later(self) -> None:
             return None
 
+        @register(Dispatch.DP_COMPUTE_PROTO)
+        def rows(self, data: Any) -> Any:
+            return data
+
+        @register(Dispatch.DP_COMPUTE_PROTO, blocking=False)
+        def rows_later(self, data: Any) -> Any:
+            return data
+
     ray.init(
         num_cpus=world,
         include_dashboard=False,
@@ -191,7 +246,7 @@ def verl_side(world: int, calls: int, warm: int) -> dict[str, float]:
     try:
         pool = RayResourcePool([world], use_gpu=False, max_colocate_count=1)
         group = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(VerlScale)))
-        return measure(group, calls, warm, None, ray.get)
+        return measure(group, calls, warm, None, _rows(VerlDataProto, world), _verl_get)
     finally:
         ray.shutdown()
 
@@ -203,7 +258,9 @@ def run(args: argparse.Namespace, log: Callable[[str], None]) -> list[dict]:
             for dispatch in args.dispatch:
                 log(f"{layout} {world} ranks, {dispatch} ...")
                 with ours(layout, world, args.per_host, dispatch == "grouped") as (group, hosts):
-                    result = measure(group, args.calls, args.warm, hosts)
+                    result = measure(
+                        group, args.calls, args.warm, hosts, _rows(hf.DataProto, world)
+                    )
                 processes = max(1, -(-world // args.per_host))
                 rows.append(
                     {
@@ -243,6 +300,10 @@ COLUMNS = [
     ("scheduler_cpu_us", "sched CPU us", "{:.0f}"),
     ("later_ms", "non-block ms", "{:.2f}"),
     ("later_driver_cpu_us", "its driver us", "{:.0f}"),
+    ("dp_ms", "DP ms", "{:.2f}"),
+    ("dp_driver_cpu_us", "DP driver us", "{:.0f}"),
+    ("dp_later_ms", "DP nb ms", "{:.2f}"),
+    ("dp_later_driver_cpu_us", "its driver us", "{:.0f}"),
 ]
 
 
