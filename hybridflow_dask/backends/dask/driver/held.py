@@ -26,7 +26,7 @@ from ..wire.snapshot import Sealed
 
 __all__ = ["NOT_HELD", "CallFuture", "held_value", "holding"]
 
-#: A ``CallFuture``'s ``held`` until (unless) its plain value comes back with its reply.
+#: A ``CallFuture``'s ``held`` until (unless) its value comes back with its reply.
 NOT_HELD: Any = object()
 
 
@@ -34,9 +34,9 @@ class CallFuture(Future):
     """The future of one rank of a non-blocking direct call.
 
     Its value is either on a worker under its key, as for any Dask future, or, when it is
-    plain or small, ``held`` here (not a Dask key until ``promoted``). ``result()`` answers either
-    way; Dask's own functions (``Client.gather``, ``Client.submit``) know only the first
-    kind: pass these futures to ``hf.get``, the backend, or a later call instead.
+    plain or small, ``held`` here (not a Dask key until ``promoted``). ``result()``
+    answers either way; Dask's own functions (``Client.gather``, ``Client.submit``) know
+    only the first kind: pass these futures to ``hf.get``, the backend, or a later call.
     """
 
     __slots__ = ("_releases", "held", "promoted")
@@ -70,6 +70,6 @@ def held_value(held: Any) -> Any:
 
 
 def holding(futures: Iterable[Any]) -> list[CallFuture]:
-    """The futures among ``futures`` whose plain value the driver holds (kept by a
-    worker too once ``promoted``)."""
+    """The futures among ``futures`` whose value the driver holds (kept by a worker too
+    once ``promoted``)."""
     return [f for f in futures if type(f) is CallFuture and f.held is not NOT_HELD]
