@@ -53,10 +53,10 @@ from ..internals import (
 from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
-from ..wire.snapshot import Sealed, own_frames
+from ..wire.snapshot import own_frames
 from .call_path import RankCall, RankCalls, all_are, same_arguments
 from .channel import Channel
-from .held import NOT_HELD, CallFuture, held_value, holding
+from .held import NOT_HELD, CallFuture, handed_back, held_from, held_value, holding
 from .lane import Lane
 from .liveness import Liveness, futures_in
 from .replies import RankReplies, RankReply, Replies, ReplyFuture
@@ -134,8 +134,9 @@ class DirectPath:
         self.client = client
         #: Whether a call's parts for one process travel as one message.
         self._group = group_messages
-        #: Up to how many bytes a non-blocking call's result comes back to be held here.
-        self._hold = hold_threshold
+        #: Up to how many bytes a non-blocking call's result comes back to be held here
+        #: (none when colocated consumers share their producers' objects: kept there).
+        self._hold = 0 if share else hold_threshold
         #: The backend's ``driver_bytes``: arguments this path sends count as "scattered".
         self._counts = counts
         self.driver_id = driver_id
@@ -289,8 +290,7 @@ class DirectPath:
             "share": self._share,
             "deadline": deadline,
         }
-        if not blocking and self._hold and not self._share:
-            # (A colocated consumer sharing its producer's objects needs them kept there.)
+        if not blocking and self._hold:
             common["hold"] = self._hold
         one = _one_part(calls)
         if one is not None:  # every rank has the very same arguments: packed once
@@ -790,10 +790,7 @@ class DirectPath:
         if error is not None:
             fail_future(future, error)
         else:
-            if reply and "value" in reply:  # a plain result: the driver holds it
-                future.held = reply["value"]
-            elif reply and "sealed" in reply:  # a small one, in its wire form
-                future.held = Sealed(*reply["sealed"])
+            future.held = held_from(reply)  # a plain or small result: the driver holds it
             finish_future(future)
         self.announce(future.key)
 
@@ -813,9 +810,7 @@ class DirectPath:
         if placed is None:  # every call's future is tracked while it lives
             raise RuntimeError(f"no worker is known to have made {future.key}")
         answer = ReplyFuture("hf_keep")
-        held = future.held
-        value = held.packed() if type(held) is Sealed else held
-        msg = {"key": future.key, "value": value, "client": self.client.id}
+        msg = {"key": future.key, "value": handed_back(future.held), "client": self.client.id}
         self._send(_Message("hf_keep", placed[0], placed[1], None, msg, [], answer))
         await asyncio.wrap_future(answer)
 

@@ -24,7 +24,7 @@ from distributed import Future
 from ..internals import Releases, wait_future
 from ..wire.snapshot import Sealed
 
-__all__ = ["NOT_HELD", "CallFuture", "held_value", "holding"]
+__all__ = ["NOT_HELD", "CallFuture", "handed_back", "held_from", "held_value", "holding"]
 
 #: A ``CallFuture``'s ``held`` until (unless) its value comes back with its reply.
 NOT_HELD: Any = object()
@@ -62,6 +62,23 @@ class CallFuture(Future):
 
     def __reduce__(self) -> Any:  # elsewhere it is an ordinary Dask future of the key
         return Future, (self.key,)
+
+
+def held_from(reply: dict | None) -> Any:
+    """What the driver holds of a non-blocking call's reply: its plain value, its small
+    value sealed, or ``NOT_HELD`` (its worker keeps it)."""
+    if not reply:
+        return NOT_HELD
+    if "value" in reply:
+        return reply["value"]
+    if "sealed" in reply:
+        return Sealed(*reply["sealed"])
+    return NOT_HELD
+
+
+def handed_back(held: Any) -> Any:
+    """A held result as the message handing it back to its worker carries it."""
+    return held.packed() if type(held) is Sealed else held
 
 
 def held_value(held: Any) -> Any:
