@@ -5,11 +5,13 @@ resumes (SIGCONT) nothing reported failed runs, on every call path."""
 from __future__ import annotations
 
 import contextlib
+import faulthandler
 import os
 import signal
+import tempfile
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import dask
 import pytest
@@ -73,6 +75,18 @@ def stopped(pid: int) -> Iterator[None]:
         os.kill(pid, signal.SIGCONT)
 
 
+@contextlib.contextmanager
+def stacks_after(seconds: float) -> Iterator[Callable[[], str]]:
+    """Every thread's stack, written down if the block still runs after ``seconds``: what a
+    late timeout was waiting for, for the failure's message (empty when it was in time)."""
+    with tempfile.TemporaryFile("w+") as dump:
+        faulthandler.dump_traceback_later(seconds, file=dump)
+        try:
+            yield lambda: (dump.seek(0), dump.read())[1]
+        finally:
+            faulthandler.cancel_dump_traceback_later()
+
+
 @pytest.mark.parametrize("path", list(PATHS))
 def test_a_call_to_a_stopped_worker_times_out_in_time_and_never_runs_after_it_resumes(
     path, cluster
@@ -81,13 +95,14 @@ def test_a_call_to_a_stopped_worker_times_out_in_time_and_never_runs_after_it_re
         group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
         (pid,) = group.pid()  # and the lane, where there is one, is open
         payload = torch.ones(1 << 19)  # 2 MiB: large enough to be read from this process
-        with stopped(pid), dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"}):
+        limit = dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"})
+        with stopped(pid), limit, stacks_after(LIMIT_S + 1.0) as stacks:
             start = time.monotonic()
             with pytest.raises(hf.CallTimeoutError) as caught:
                 group.record("late", payload)
             waited = time.monotonic() - start
             payload.fill_(7.0)  # the caller was told the call failed: its memory is its own
-        assert waited < LIMIT_S + 1.0, waited
+            assert waited < LIMIT_S + 1.0, f"{waited:.2f}s; the threads then:\n{stacks()}"
         assert isinstance(caught.value, hf.HybridFlowError) and isinstance(
             caught.value, TimeoutError
         )
