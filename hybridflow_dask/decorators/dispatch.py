@@ -19,12 +19,12 @@ from ..protocol import PADDING_SIZE_KEY, DataProto, DataProtoFuture, unpad_datap
 from ..protocol.future import check_same_rows, drop_tail
 from ..protocol.rows import (
     concat_batches,
+    cut_rows,
     is_batch,
     pad_for_dispatch,
     padding_enabled,
     padding_rows,
     row_count,
-    slice_rows,
 )
 from ..protocol.tensordict_ops import chunk_bounds
 from .modes import Dispatch
@@ -397,7 +397,7 @@ def _split_one(name: str, value: Any, n: int, slots: list, consumer: str | None)
     rows = _checked_rows(name, value, n)
     padded, pad = pad_for_dispatch(value, n)
     bounds = chunk_bounds(row_count(padded), n)
-    return _Split(name, [slice_rows(padded, lo, hi) for lo, hi in bounds], pad, rows, value)
+    return _Split(name, cut_rows(padded, bounds), pad, rows, value)
 
 
 def looks_like_future(value: Any) -> bool:

@@ -25,6 +25,8 @@ __all__ = [
     "Batch",
     "PadRows",
     "concat_batches",
+    "cut_from",
+    "cut_rows",
     "gather_rows",
     "is_batch",
     "pad_for_dispatch",
@@ -148,6 +150,23 @@ def slice_rows(data: Batch, start: int, stop: int) -> Batch:
     if isinstance(data, DataProto):
         return data.slice(start, stop)
     return data[start:stop]
+
+
+def cut_rows(data: Batch, bounds: Sequence[tuple[int, int]]) -> list[Batch]:
+    """``data`` cut at ``bounds`` (one chunk per rank). A DataProto chunk remembers the
+    batch and rows it was cut from (``cut_from``): a backend that sends several ranks'
+    chunks to one process may send their rows there as one piece instead."""
+    chunks = [slice_rows(data, lo, hi) for lo, hi in bounds]
+    if isinstance(data, DataProto):
+        for chunk, (lo, hi) in zip(chunks, bounds):
+            vars(chunk)["_cut_from"] = (data, lo, hi)
+    return chunks
+
+
+def cut_from(chunk: Any) -> tuple[DataProto, int, int] | None:
+    """The batch and rows ``(source, start, stop)`` a DataProto chunk of ``cut_rows`` was
+    cut from, else ``None``. (Chunks are made for one call and never changed after.)"""
+    return getattr(chunk, "_cut_from", None) if type(chunk) is DataProto else None
 
 
 def concat_batches(parts: Sequence[Batch]) -> Batch:

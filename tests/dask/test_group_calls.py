@@ -11,6 +11,7 @@ import dask
 import numpy as np
 import pytest
 import torch
+from distributed.protocol.serialize import Serialized
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
@@ -80,6 +81,27 @@ class Light(hf.Worker):
     def double(self, data: hf.DataProto) -> hf.DataProto:
         return hf.DataProto.from_dict(
             {"x": data.batch["x"] * 2, "r": data.batch["x"] * 0 + self.rank}
+        )
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def rows_held(self, data: hf.DataProto) -> hf.DataProto:
+        """The bytes of memory behind this rank's rows, then zeroes them in place."""
+        x = data.batch["x"]
+        held = x.untyped_storage().nbytes()
+        x.zero_()
+        self.kept = data  # held on to, as a trainer might
+        return hf.DataProto.from_dict({"held": torch.full((len(data),), float(held))})
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def rows_held_later(self, data: hf.DataProto) -> hf.DataProto:
+        return self.rows_held(data)
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def tagged(self, data: hf.DataProto) -> hf.DataProto:
+        return hf.DataProto.from_dict(
+            {"x": data.batch["x"], "r": data.batch["x"] * 0 + self.rank},
+            non_tensors={"tag": data.non_tensor_batch["tag"]},
+            meta_info={"seen": data.meta_info.get("step")},
         )
 
 
@@ -275,3 +297,50 @@ def test_the_driver_sleeps_while_it_waits_for_ranks_before_a_failed_one(light_gr
     assert time.monotonic() - start >= 1.5
     assert time.process_time() - cpu < 0.75  # (a busy wait would spend the 1.5 s)
     assert light_group.fail_on(-1) == list(range(8))  # and the group goes on
+
+
+def test_a_dp_call_sends_each_process_its_ranks_rows_as_one_piece(light_group, monkeypatch):
+    """The ranks of one process given consecutive rows of one batch: one packing of their
+    rows per process (each rank's bounds within it), not one per rank, on the lane
+    (blocking) and on the Dask stream (non-blocking), and each rank gets its own rows."""
+    data = hf.DataProto.from_dict(
+        {"x": torch.arange(16.0)},
+        non_tensors={"tag": np.array([f"row{i}" for i in range(16)], dtype=object)},
+        meta_info={"step": 3},
+    )
+    light_group.fail_on(-1)  # lanes open
+    sent = _messages_sent(monkeypatch, Lane, "request")
+    out = light_group.tagged(data)
+    assert out.batch["x"].tolist() == list(range(16))
+    assert out.batch["r"].tolist() == [float(i // 2) for i in range(16)]
+    assert list(out.non_tensor_batch["tag"]) == [f"row{i}" for i in range(16)]
+    assert out.meta_info["seen"] == 3
+    assert [msg["rows"] for msg in sent] == [[(0, 2), (2, 4), (4, 6), (6, 8)]] * 2
+    # the rows packed once per process; each rank's part only its instance and number
+    assert all(isinstance(msg["args"], Serialized) for msg in sent)
+    assert all(type(part) is tuple for msg in sent for part in msg["calls"])
+    streamed = _messages_sent(monkeypatch, Channel, "send")
+    later = hf.get(light_group.double_later(data))
+    assert later.batch["r"].tolist() == [float(i // 2) for i in range(16)]
+    calls = [msg for msg in streamed if msg["op"] == "hf_calls"]
+    assert [msg["rows"] for msg in calls] == [[(0, 2), (2, 4), (4, 6), (6, 8)]] * 2
+
+
+@pytest.mark.parametrize("blocking", [True, False])
+def test_each_rank_of_a_piece_holds_only_its_own_rows_in_memory_of_its_own(light_group, blocking):
+    """A rank's rows are copied out of its process's piece: changing them in place
+    changes no other rank's, nor the caller's batch, and a rank keeping them keeps only
+    its own rows' memory."""
+    data = hf.DataProto.from_dict({"x": torch.arange(1.0, 65.0)})  # 8 rows per rank
+    out = light_group.rows_held(data) if blocking else hf.get(light_group.rows_held_later(data))
+    assert out.batch["held"].tolist() == [8 * 4.0] * 64  # 8 float32 rows, not 32
+    assert data.batch["x"].tolist() == list(range(1, 65))  # the caller's batch untouched
+
+
+def test_rows_with_auto_padding_reach_their_ranks_as_pieces(light_group):
+    """15 rows over 8 ranks with auto padding: the padded batch is cut and sent by
+    process, and the padding's rows are dropped from the result."""
+    data = hf.DataProto.from_dict({"x": torch.arange(15.0)}, auto_padding=True)
+    out = light_group.double(data)
+    assert out.batch["x"].tolist() == [2.0 * i for i in range(15)]
+    assert out.batch["r"].tolist()[:14] == [float(i // 2) for i in range(14)]

@@ -53,6 +53,7 @@ from ..internals import (
 from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
+from ..wire.row_pieces import Piece, piece_of
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, RankCalls, all_are, same_arguments
 from .channel import Channel
@@ -194,18 +195,22 @@ class DirectPath:
         with future inputs travels alone on the stream, which writes every message
         posted in one turn of the loop at once. A rank's own message is made only when
         it travels by itself."""
-        parts = self._parts(calls, method, label, blocking, deadline)
+        runs = _runs(calls.refs)  # consecutive ranks of one worker process
         if not blocking:
-            self._post_later(parts)
+            parts = self._parts(calls, method, label, blocking, deadline, runs)
+            self._post_later(parts, runs)
             return parts.futures
-        batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
         lanes: dict[tuple[str, str], Lane | None] = {}  # each process's, asked once
-        made = parts.made
-        for slot, run in _runs(calls.refs):  # consecutive ranks of one worker process
+        for slot, _ in runs:
             process = (slot.address, slot.worker_id)
-            lane = lanes.get(process, _UNASKED)
-            if lane is _UNASKED:
-                lane = lanes[process] = self._lane(slot)
+            if process not in lanes:
+                lanes[process] = self._lane(slot)
+        on_lanes = [(slot, run) for slot, run in runs if lanes[slot.address, slot.worker_id]]
+        parts = self._parts(calls, method, label, blocking, deadline, on_lanes)
+        batches: dict[Lane, list[int]] = {}  # each lane's ranks, by index
+        made = parts.made
+        for slot, run in runs:
+            lane = lanes[slot.address, slot.worker_id]
             if lane is None:
                 for index in run:
                     self._post(parts.message(index))
@@ -251,7 +256,7 @@ class DirectPath:
             parts.replies.lanes = tuple(batches)
         return parts.futures
 
-    def _post_later(self, parts: _Parts) -> None:
+    def _post_later(self, parts: _Parts, runs: list[tuple[Slot, range]]) -> None:
         """A non-blocking call's ranks onto their processes' streams: the ranks of one
         process together as one message, unless some rank waits for a future among its
         arguments (each then travels alone, when its inputs are ready)."""
@@ -260,7 +265,7 @@ class DirectPath:
             for index in range(len(calls)):
                 self._post(parts.message(index))
             return
-        for slot, run in _runs(calls.refs):
+        for slot, run in runs:
             if len(run) == 1:
                 self._post(parts.message(run[0]))
             else:
@@ -273,12 +278,15 @@ class DirectPath:
         label: str,
         blocking: bool,
         deadline: float | None,
+        runs: Sequence[tuple[Slot, range]],
     ) -> _Parts:
         """What each rank's message is made of, and its future; every argument is packed
         before anything is sent. Ranks given the very same argument objects share one
-        packing of them. A blocking call's ranks are answered in ``RankReply``s of one
-        ``Replies``; a non-blocking call's results are held here when small, else kept by
-        their workers and announced to the scheduler."""
+        packing of them; the ranks of one of ``runs`` (a process's, sent together) given
+        consecutive chunks of the same batches, one packing of their rows (``Piece``).
+        A blocking call's ranks are answered in ``RankReply``s of one ``Replies``; a
+        non-blocking call's results are held here when small, else kept by their
+        workers and announced to the scheduler."""
         count = len(calls)
         keys = task_keys(label, count)
         replies = Replies(calls, keys, deadline) if blocking else None
@@ -293,17 +301,28 @@ class DirectPath:
         if not blocking and self._hold:
             common["hold"] = self._hold
         one = _one_part(calls)
+        pieces: dict[int, tuple[_Made, Piece]] = {}
         if one is not None:  # every rank has the very same arguments: packed once
             this = self._packed(one, label, for_later=not blocking)
             made = [this] * count
             sent = count * _packed_bytes(this)
             plain = not (this.inputs or this.known)
         else:
+            if self._group:
+                pieces = self._pieces(calls, label, runs, for_later=not blocking)
+            in_piece = {
+                i
+                for start, (_, piece) in pieces.items()
+                for i in range(start, start + len(piece.bounds))
+            }
             shared = _Shared()
             made = []
-            sent = 0
+            sent = sum(_packed_bytes(this) for this, _ in pieces.values())
             plain = True
-            for call in calls:
+            for index, call in enumerate(calls):
+                if index in in_piece:
+                    made.append(_IN_PIECE)
+                    continue
                 this = shared.get(call.args, call.kwargs)
                 if this is None:
                     this = self._packed(call, label, for_later=not blocking)
@@ -321,8 +340,32 @@ class DirectPath:
             for key in keys:
                 self.expect(key)
         return _Parts(
-            calls, keys, common, made, futures, replies, shared=one is not None, plain=plain
+            calls,
+            keys,
+            common,
+            made,
+            futures,
+            replies,
+            shared=one is not None,
+            plain=plain,
+            pieces=pieces,
+            pack=lambda index: self._packed(calls[index], label, for_later=not blocking),
         )
+
+    def _pieces(
+        self, calls: RankCalls, label: str, runs: Sequence[tuple[Slot, range]], *, for_later: bool
+    ) -> dict[int, tuple[_Made, Piece]]:
+        """The runs of ranks whose rows travel as one piece, by their first index, with
+        the piece packed."""
+        pieces = {}
+        for _, run in runs:
+            if len(run) < 2:
+                continue
+            piece = piece_of(calls.args[run.start : run.stop], calls.kwargs[run.start : run.stop])
+            if piece is not None:
+                first = RankCall(calls.refs[run.start], 0, piece.args, piece.kwargs)
+                pieces[run.start] = (self._packed(first, label, for_later=for_later), piece)
+        return pieces
 
     def _packed(self, call: RankCall, label: str, *, for_later: bool) -> _Made:
         """A rank's arguments as its message carries them (packed unless plain), the
@@ -839,6 +882,10 @@ class _Made(NamedTuple):
     known: list[Future]
 
 
+#: What ``_Parts.made`` holds for a rank whose rows travel in its process's piece.
+_IN_PIECE = _Made((None, None), [], [])
+
+
 class _Parts:
     """One call's ranks, by index: what each one's message is made of, and its future.
 
@@ -848,7 +895,18 @@ class _Parts:
     makes no message per rank.
     """
 
-    __slots__ = ("calls", "common", "futures", "keys", "made", "plain", "replies", "shared")
+    __slots__ = (
+        "calls",
+        "common",
+        "futures",
+        "keys",
+        "made",
+        "pack",
+        "pieces",
+        "plain",
+        "replies",
+        "shared",
+    )
 
     def __init__(
         self,
@@ -861,10 +919,17 @@ class _Parts:
         *,
         shared: bool = False,
         plain: bool = False,
+        pieces: dict[int, tuple[_Made, Piece]] | None = None,
+        pack: Callable[[int], _Made] | None = None,
     ) -> None:
         self.calls, self.keys, self.common = calls, keys, common
-        #: Each rank's ``_Made`` (the very same one for ranks given the same arguments).
+        #: Each rank's ``_Made`` (the very same one for ranks given the same arguments;
+        #: ``_IN_PIECE`` for a rank whose rows travel in its process's piece).
         self.made = made
+        #: The pieces of rows, by the first index of the ranks they carry.
+        self.pieces = pieces or {}
+        #: Packs rank ``index``'s own arguments (a rank of a piece sent by itself after all).
+        self.pack = pack
         #: Whether every rank's is the very same one.
         self.shared = shared
         #: Whether no rank has future inputs (every rank may go on a lane).
@@ -877,13 +942,21 @@ class _Parts:
         """Rank ``index``'s own message."""
         calls = self.calls
         ref, seq = calls.refs[index], calls.seqs[index]
-        (args, kwargs), inputs, known = self.made[index]
+        (args, kwargs), inputs, known = self._own(index)
         msg = self.common.copy()
         msg["instance"], msg["seq"], msg["key"] = calls.keys[index], seq, self.keys[index]
         msg["args"], msg["kwargs"] = args, kwargs
         message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, self.futures[index])
         message.known = known
         return message
+
+    def _own(self, index: int) -> _Made:
+        """Rank ``index``'s ``_Made``; packed now for a rank of a piece that travels
+        without it after all (its lane broke, it failed, its batch is not its piece's)."""
+        made = self.made[index]
+        if made is _IN_PIECE:
+            made = self.made[index] = cast(Callable[[int], _Made], self.pack)(index)
+        return made
 
     def batch_msg(self, indices: Sequence[int]) -> dict:
         """One lane message for the ranks ``indices`` (of one process); the lane's reader
@@ -903,6 +976,24 @@ class _Parts:
         ``(instance, seq, index)`` (its key made there from the call's first key and its
         index: see ``KeyRun``), zipped from the columns in C; else each rank's own part."""
         calls, keys, made = self.calls, self.keys, self.made
+        piece = self.pieces.get(indices[0])
+        if piece is not None and len(indices) == len(piece[1].bounds):
+            return {
+                "args": piece[0].packed[0],
+                "kwargs": piece[0].packed[1],
+                "keys": (keys.head, keys.first),
+                "calls": list(
+                    zip(
+                        map(calls.keys.__getitem__, indices),
+                        map(calls.seqs.__getitem__, indices),
+                        indices,
+                    )
+                ),
+                "rows": piece[1].bounds,
+            }
+        if self.pieces:
+            for index in indices:
+                self._own(index)
         first = made[indices[0]]
         if (self.shared or all(made[i] is first for i in indices)) and (
             share_packed or _travel_plain(first)

@@ -45,6 +45,7 @@ from ..wire import serialization  # noqa: F401  (workers decode tensors and Data
 from ..wire.keys import InputKey, key_of, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
+from ..wire.row_pieces import rows_for
 from ..wire.snapshot import SerializerCopy, seal
 from . import rank_output
 from .borrow import Borrower, Lender
@@ -183,7 +184,12 @@ class InstancesPlugin(WorkerPlugin):
         each served as its own call, as ``handle_call`` serves one (parts as a lane's
         batch has them: see ``_call_of``); one reply holds each part's, in order."""
         result: Literal["kept", "later"] = "kept" if keep else "later"
-        served = (self._serve_on_comm(_call_of(part, msg, result), client, hold) for part in calls)
+        made = [_call_of(part, msg, result) for part in calls]
+        rows = msg.get("rows")
+        if rows is not None:  # one piece of rows for all: each rank's own copy of its rows
+            for call, (start, stop) in zip(made, rows):
+                call.args, call.kwargs = rows_for(call.args, call.kwargs, start, stop)
+        served = (self._serve_on_comm(call, client, hold) for call in made)
         return {"status": "OK", "replies": list(await asyncio.gather(*served))}
 
     async def _serve_on_comm(self, call: Call, client: str, hold: int) -> dict:
@@ -390,6 +396,8 @@ class InstancesPlugin(WorkerPlugin):
             ]
             reply({"id": msg["id"], "status": "OK", "replies": replies})
 
+        rows = msg.get("rows")
+        piece = _Piece()
         for index, part in enumerate(parts):
             shared = type(part) is tuple  # (instance, seq, key): the batch's arguments
             call = _call_of(part, msg, "later")
@@ -397,6 +405,8 @@ class InstancesPlugin(WorkerPlugin):
             # the frames themselves go to the last part: every copy is made before any
             # instance that could change them in place has them.
             resolve = _unpacked if not shared or index == len(parts) - 1 else _unpacked_own
+            if rows is not None:  # each rank's own copy of its rows of the piece
+                resolve = functools.partial(piece.rows, *rows[index])
             self.instances.serve_then(
                 call,
                 resolve,
@@ -564,6 +574,20 @@ def _unpacked(args: Any, kwargs: Any) -> Resolved:
 def _unpacked_own(args: Any, kwargs: Any) -> Resolved:
     """Arguments another rank of the batch reads too, from copies of their frames."""
     return unpack(own_framed(args)), unpack(own_framed(kwargs)), ()
+
+
+class _Piece:
+    """A lane batch's piece of rows (``wire.row_pieces``), read once, by the first rank
+    whose call is still in time (in the lane's reading thread, as each part's arguments
+    are); every rank then copies its own rows out of it."""
+
+    def __init__(self) -> None:
+        self._read: tuple[tuple, dict] | None = None
+
+    def rows(self, start: int, stop: int, args: Any, kwargs: Any) -> Resolved:
+        if self._read is None:
+            self._read = (unpack(args), unpack(kwargs))
+        return (*rows_for(*self._read, start, stop), ())
 
 
 def _plain(payload: Any) -> bool:

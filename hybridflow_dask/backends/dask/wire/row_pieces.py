@@ -1,0 +1,87 @@
+"""Several ranks' rows of a split batch, sent to their process as one piece.
+
+A ``DP_COMPUTE_PROTO`` call cuts its batch into one chunk per rank, and a process that
+hosts several ranks of the group would get each chunk packed on its own: a serialization
+per rank in the driver, and as many on the way back in. When the ranks of one process
+were given consecutive chunks of the same batches (``cut_from``), the driver sends their
+rows as one piece instead, and each rank's bounds within it; the worker reads the piece
+once and gives each rank a copy of its rows, its own memory as a chunk of its own would
+have been. The driver then packs a batch once per process, not once per rank.
+
+This module is the format both ends agree on: ``piece_of`` (the driver) and
+``rows_for`` (the worker).
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+import operator
+from collections.abc import Sequence
+from typing import Any, NamedTuple
+
+from ....protocol import DataProto
+from ....protocol.rows import cut_from
+from .messages import is_plain
+
+__all__ = ["Piece", "piece_of", "rows_for"]
+
+
+class Piece(NamedTuple):
+    """What a process's ranks are sent together: the arguments with each batch replaced
+    by the rows of all of them, and each rank's ``(start, stop)`` within those rows."""
+
+    args: tuple
+    kwargs: dict
+    bounds: list[tuple[int, int]]
+
+
+def piece_of(args: Sequence[tuple], kwargs: Sequence[dict]) -> Piece | None:
+    """One piece for ranks given ``args[i]``/``kwargs[i]``, or ``None`` unless every
+    argument is either a chunk cut from one batch, the ranks' chunks consecutive rows of
+    it (in rank order, the same rows of each batch), or one plain value they all share."""
+    first_args, first_kwargs = args[0], kwargs[0]
+    names = first_kwargs.keys()
+    if any(len(a) != len(first_args) for a in args) or any(k.keys() != names for k in kwargs):
+        return None
+    bounds: list[tuple[int, int]] | None = None
+    columns = [
+        *([a[i] for a in args] for i in range(len(first_args))),
+        *([k[name] for k in kwargs] for name in names),
+    ]
+    joined = []
+    for values in columns:
+        cuts = [cut for cut in map(cut_from, values) if cut is not None]
+        if not cuts:  # must then be one plain value for all
+            head = values[0]
+            if not is_plain(head) or not all(map(operator.is_, values, [head] * len(values))):
+                return None
+            joined.append(head)
+            continue
+        source, start = cuts[0][0], cuts[0][1]
+        rows = [(lo - start, hi - start) for _, lo, hi in cuts]
+        if (
+            len(cuts) != len(values)
+            or any(cut[0] is not source for cut in cuts)
+            or any(a[1] != b[0] for a, b in itertools.pairwise(rows))
+            or bounds not in (None, rows)
+        ):
+            return None
+        bounds = rows
+        joined.append(source.slice(start, cuts[-1][2]))
+    if bounds is None:  # no batch among them: nothing to join
+        return None
+    count = len(first_args)
+    return Piece(tuple(joined[:count]), dict(zip(names, joined[count:])), bounds)
+
+
+def rows_for(args: tuple, kwargs: dict, start: int, stop: int) -> tuple[tuple, dict]:
+    """One rank's arguments from its process's piece: each batch's rows ``start:stop``,
+    copied (no two ranks share memory, and a rank keeping its rows keeps no others')."""
+
+    def own(value: Any) -> Any:
+        if type(value) is DataProto:
+            return copy.deepcopy(value.slice(start, stop))
+        return value  # a plain value the ranks share
+
+    return tuple(map(own, args)), {name: own(value) for name, value in kwargs.items()}

@@ -1,0 +1,46 @@
+"""Which ranks' arguments may travel as one piece of rows (``wire.row_pieces``): only
+consecutive chunks the dispatch cut from the same batches, in rank order, beside plain
+values they all share; anything else travels rank by rank."""
+
+from __future__ import annotations
+
+import torch
+
+import hybridflow_dask as hf
+from hybridflow_dask.backends.dask.wire.row_pieces import piece_of, rows_for
+from hybridflow_dask.protocol.rows import cut_rows
+
+
+def _batch(rows: int) -> hf.DataProto:
+    return hf.DataProto.from_dict({"x": torch.arange(float(rows))})
+
+
+def test_consecutive_chunks_of_one_batch_make_one_piece_with_each_ranks_bounds():
+    chunks = cut_rows(_batch(12), [(0, 3), (3, 6), (6, 9), (9, 12)])
+    piece = piece_of([("role", c) for c in chunks[1:3]], [{"step": 1}] * 2)
+    assert piece is not None
+    assert piece.bounds == [(0, 3), (3, 6)]
+    assert piece.args[0] == "role" and piece.kwargs == {"step": 1}
+    assert piece.args[1].batch["x"].tolist() == [3.0, 4.0, 5.0, 6.0, 7.0, 8.0]
+    args, kwargs = rows_for(piece.args, piece.kwargs, 3, 6)
+    assert args[1].batch["x"].tolist() == [6.0, 7.0, 8.0] and kwargs == {"step": 1}
+    assert args[1].batch["x"].untyped_storage().nbytes() == 3 * 4  # its own rows only
+
+
+def test_chunks_that_are_not_consecutive_rows_of_one_batch_travel_rank_by_rank():
+    chunks = cut_rows(_batch(4), [(0, 2), (2, 4)])
+    other = cut_rows(_batch(4), [(0, 2), (2, 4)])
+    assert piece_of([(chunks[0],), (chunks[0],)], [{}, {}]) is None  # one chunk twice
+    assert piece_of([(chunks[1],), (chunks[0],)], [{}, {}]) is None  # out of order
+    assert piece_of([(chunks[0],), (other[1],)], [{}, {}]) is None  # two batches
+    sliced = _batch(4)
+    assert piece_of([(sliced[0:2],), (sliced[2:4],)], [{}, {}]) is None  # not the dispatch's
+
+
+def test_values_beside_the_rows_must_be_plain_and_shared_for_a_piece():
+    chunks = cut_rows(_batch(4), [(0, 2), (2, 4)])
+    tensor = torch.ones(1)
+    assert piece_of([(chunks[0], tensor), (chunks[1], tensor)], [{}, {}]) is None
+    assert piece_of([(chunks[0], 1), (chunks[1], 2)], [{}, {}]) is None
+    assert piece_of([(chunks[0],), (chunks[1],)], [{"a": 1}, {"b": 1}]) is None
+    assert piece_of([(1,), (1,)], [{}, {}]) is None  # no rows at all
