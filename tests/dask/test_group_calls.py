@@ -15,10 +15,17 @@ from distributed.protocol.serialize import Serialized
 
 import hybridflow_dask as hf
 from hybridflow_dask.backends import DaskBackend
+from hybridflow_dask.backends.dask.driver import direct_path
 from hybridflow_dask.backends.dask.driver.channel import Channel
 from hybridflow_dask.backends.dask.driver.lane import Lane
+from hybridflow_dask.decorators.dispatch import dispatch_dp_compute_data_proto
 
 pytestmark = pytest.mark.cluster
+
+
+def each_rank(worker_group, outputs):
+    """A collect that keeps the ranks' results apart."""
+    return list(outputs)
 
 
 class Light(hf.Worker):
@@ -95,6 +102,19 @@ class Light(hf.Worker):
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
     def rows_held_later(self, data: hf.DataProto) -> hf.DataProto:
         return self.rows_held(data)
+
+    @hf.register(
+        dispatch_mode={"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": each_rank}
+    )
+    def own_meta(self, data: hf.DataProto) -> hf.DataProto:
+        """Each rank's rows and a meta_info of its own; rank ``extra_on`` adds a key."""
+        extra_on = data.meta_info.get("extra_on", -1)
+        out = {"x": data.batch["x"] + 0.5}
+        if self.rank == extra_on:
+            out["extra"] = data.batch["x"]
+        if self.rank == extra_on + 100:
+            raise KeyError(f"rank {self.rank} fails")
+        return hf.DataProto.from_dict(out, meta_info={"metrics": {"rank": self.rank}})
 
     @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
     def tagged(self, data: hf.DataProto) -> hf.DataProto:
@@ -344,3 +364,48 @@ def test_rows_with_auto_padding_reach_their_ranks_as_pieces(light_group):
     out = light_group.double(data)
     assert out.batch["x"].tolist() == [2.0 * i for i in range(15)]
     assert out.batch["r"].tolist()[:14] == [float(i // 2) for i in range(14)]
+
+
+def _joined_replies(monkeypatch) -> list[list]:
+    """The bounds of every joined reply the driver reads from now on."""
+    read: list[list] = []
+    original = direct_path.results_of
+
+    def spy(rows, metas, bounds):
+        read.append(list(bounds))
+        return original(rows, metas, bounds)
+
+    monkeypatch.setattr(direct_path, "results_of", spy)
+    return read
+
+
+def test_a_pieces_results_come_back_joined_and_each_rank_keeps_its_own_meta_info(
+    light_group, monkeypatch
+):
+    """Every rank of a piece returning a DataProto: one joined reply per process, read
+    into each rank's own result (its rows, its meta_info), as rank-by-rank replies were."""
+    light_group.fail_on(-1)  # lanes open
+    read = _joined_replies(monkeypatch)
+    data = hf.DataProto.from_dict({"x": torch.arange(16.0)})
+    out = light_group.own_meta(data)
+    assert [r.batch["x"].tolist() for r in out] == [[2 * r + 0.5, 2 * r + 1.5] for r in range(8)]
+    assert [r.meta_info for r in out] == [{"metrics": {"rank": r}} for r in range(8)]
+    assert read == [[(0, 2), (2, 4), (4, 6), (6, 8)]] * 2
+    merged = light_group.double(data)  # DP_COMPUTE_PROTO's own collect: the rows in order
+    assert merged.batch["r"].tolist() == [float(i // 2) for i in range(16)]
+
+
+def test_results_of_a_piece_that_cannot_be_joined_or_failed_come_back_rank_by_rank(
+    light_group, monkeypatch
+):
+    light_group.fail_on(-1)
+    read = _joined_replies(monkeypatch)
+    data = hf.DataProto.from_dict({"x": torch.arange(16.0)}, meta_info={"extra_on": 5})
+    out = light_group.own_meta(data)  # rank 5 returns one more key
+    assert sorted(out[5].batch.keys()) == ["extra", "x"]
+    assert [sorted(r.batch.keys()) for i, r in enumerate(out) if i != 5] == [["x"]] * 7
+    assert read == [[(0, 2), (2, 4), (4, 6), (6, 8)]]  # the first process's alone
+    with pytest.raises(KeyError, match="rank 3 fails") as caught:
+        data.meta_info["extra_on"] = -97
+        light_group.own_meta(data)
+    assert caught.value.hybridflow_origin == (light_group.name_prefix, "own_meta", 3)

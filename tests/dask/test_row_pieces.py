@@ -7,7 +7,12 @@ from __future__ import annotations
 import torch
 
 import hybridflow_dask as hf
-from hybridflow_dask.backends.dask.wire.row_pieces import piece_of, rows_for
+from hybridflow_dask.backends.dask.wire.row_pieces import (
+    join_results,
+    piece_of,
+    results_of,
+    rows_for,
+)
 from hybridflow_dask.protocol.rows import cut_rows
 
 
@@ -44,3 +49,24 @@ def test_values_beside_the_rows_must_be_plain_and_shared_for_a_piece():
     assert piece_of([(chunks[0], 1), (chunks[1], 2)], [{}, {}]) is None
     assert piece_of([(chunks[0],), (chunks[1],)], [{"a": 1}, {"b": 1}]) is None
     assert piece_of([(1,), (1,)], [{}, {}]) is None  # no rows at all
+
+
+def test_results_that_join_come_back_as_each_ranks_rows_and_meta_info():
+    results = [
+        hf.DataProto.from_dict({"x": torch.full((n,), float(n))}, meta_info={"n": n})
+        for n in (1, 3, 2)
+    ]
+    joined = join_results(results)
+    assert joined is not None
+    rows, metas, bounds = joined
+    assert bounds == [(0, 1), (1, 4), (4, 6)] and rows.meta_info == {}
+    back = results_of(rows, metas, bounds)
+    assert [r.batch["x"].tolist() for r in back] == [[1.0], [3.0] * 3, [2.0] * 2]
+    assert [r.meta_info for r in back] == [{"n": 1}, {"n": 3}, {"n": 2}]
+
+
+def test_results_that_do_not_join_are_left_rank_by_rank():
+    one = hf.DataProto.from_dict({"x": torch.ones(2)})
+    assert join_results([one, hf.DataProto.from_dict({"y": torch.ones(2)})]) is None
+    assert join_results([one, hf.DataProto.from_dict({"x": torch.ones(2, 3)})]) is None
+    assert join_results([one, torch.ones(2)]) is None

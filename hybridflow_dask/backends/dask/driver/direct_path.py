@@ -53,7 +53,7 @@ from ..internals import (
 from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
-from ..wire.row_pieces import Piece, piece_of
+from ..wire.row_pieces import Piece, piece_of, results_of
 from ..wire.snapshot import own_frames
 from .call_path import RankCall, RankCalls, all_are, same_arguments
 from .channel import Channel
@@ -614,6 +614,17 @@ class DirectPath:
         if isinstance(message, _Batch):  # one reply per rank, in the batch's order
             indices, replies = message.indices, message.parts.replies
             assert replies is not None  # (a batch is one blocking call's ranks)
+            if "joined" in reply and reply.get("status") == "OK":  # a piece's rows, joined
+                try:
+                    rows, metas = unpack(reply["joined"])
+                    joined = results_of(rows, metas, reply["bounds"])
+                except Exception as exc:
+                    unread = TypeError(f"the results of a batch cannot be read here: {exc!r}")
+                    for index in indices:
+                        replies.settle(index, None, unread)
+                    return
+                replies.settle_all(indices, joined)
+                return
             results = reply.get("results")  # every rank's plain value, nothing else
             if (
                 isinstance(results, list)

@@ -8,8 +8,12 @@ rows as one piece instead, and each rank's bounds within it; the worker reads th
 once and gives each rank a copy of its rows, its own memory as a chunk of its own would
 have been. The driver then packs a batch once per process, not once per rank.
 
-This module is the format both ends agree on: ``piece_of`` (the driver) and
-``rows_for`` (the worker).
+The way back is the same: when every rank of a piece returns a ``DataProto``, the worker
+joins their rows and packs them once, with each rank's bounds and ``meta_info``, and the
+driver reads one piece per process and gives each rank's result as its rows of it.
+
+This module is the format both ends agree on: ``piece_of`` and ``results_of`` (the
+driver), ``rows_for`` and ``join_results`` (the worker).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from ....protocol import DataProto
 from ....protocol.rows import cut_from
 from .messages import is_plain
 
-__all__ = ["Piece", "piece_of", "rows_for"]
+__all__ = ["Piece", "join_results", "piece_of", "results_of", "rows_for"]
 
 
 class Piece(NamedTuple):
@@ -85,3 +89,37 @@ def rows_for(args: tuple, kwargs: dict, start: int, stop: int) -> tuple[tuple, d
         return value  # a plain value the ranks share
 
     return tuple(map(own, args)), {name: own(value) for name, value in kwargs.items()}
+
+
+def join_results(
+    values: Sequence[Any],
+) -> tuple[DataProto, list[dict], list[tuple[int, int]]] | None:
+    """The rows of every rank's ``DataProto`` result joined, each rank's ``meta_info``,
+    and its bounds in the joined rows; ``None`` unless every value is a ``DataProto``
+    and their rows can be joined (the same keys, dtypes and trailing shapes)."""
+    if not values or any(type(value) is not DataProto for value in values):
+        return None
+    try:
+        rows = DataProto.concat(
+            [DataProto(batch=v.batch, non_tensor_batch=v.non_tensor_batch) for v in values]
+        )
+    except (TypeError, ValueError, RuntimeError):  # rows that do not join: rank by rank
+        return None
+    bounds, start = [], 0
+    for value in values:
+        bounds.append((start, start + len(value)))
+        start += len(value)
+    return rows, [value.meta_info for value in values], bounds
+
+
+def results_of(
+    rows: DataProto, metas: Sequence[dict], bounds: Sequence[Sequence[int]]
+) -> list[DataProto]:
+    """Each rank's result from its process's joined rows: its rows (a view) and its own
+    ``meta_info``."""
+    results = []
+    for meta, (start, stop) in zip(metas, bounds):
+        result = rows.slice(start, stop)
+        result.meta_info = meta
+        results.append(result)
+    return results

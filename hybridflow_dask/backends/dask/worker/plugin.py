@@ -36,6 +36,7 @@ from distributed.diagnostics.plugin import WorkerPlugin
 from distributed.protocol import to_serialize
 from distributed.protocol.serialize import Serialized
 
+from ....protocol import DataProto
 from ....protocol.lazy_tensordict import import_now, imported
 from ...base import InstanceRef
 from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendable
@@ -45,7 +46,7 @@ from ..wire import serialization  # noqa: F401  (workers decode tensors and Data
 from ..wire.keys import InputKey, key_of, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, is_plain, own_framed, pack, unpack
-from ..wire.row_pieces import rows_for
+from ..wire.row_pieces import join_results, rows_for
 from ..wire.snapshot import SerializerCopy, seal
 from . import rank_output
 from .borrow import Borrower, Lender
@@ -367,8 +368,12 @@ class InstancesPlugin(WorkerPlugin):
         returned. Each result is therefore copied as its method returns (unless plain),
         since its instance may run its next call before the reply is written; a rank given
         the arguments all share (``args``/``kwargs`` at the batch's top) reads them from
-        frames of its own, so no two instances hold the same objects."""
+        frames of its own, so no two instances hold the same objects. The ranks of a piece
+        of rows (``wire.row_pieces``) that all return a ``DataProto`` answer with their rows
+        joined and packed once, and each rank's bounds and ``meta_info``."""
         parts = msg["calls"]
+        rows = msg.get("rows")
+        calls = [_call_of(part, msg, "later") for part in parts]
         values: list[Any] = [None] * len(parts)
         errors: dict[int, BaseException] = {}
         left = [len(parts)]
@@ -383,6 +388,11 @@ class InstancesPlugin(WorkerPlugin):
                 left[0] -= 1
                 if left[0]:
                     return
+            if rows is not None:
+                joined = _joined(values, calls, errors)
+                if joined is not None:
+                    reply({"id": msg["id"], "status": "OK", **joined})
+                    return
             # Every part's value plain: the reply is just the values (no dict per rank to
             # write, read and walk on the way).
             if not errors and all(map(_plain, values)):
@@ -396,23 +406,18 @@ class InstancesPlugin(WorkerPlugin):
             ]
             reply({"id": msg["id"], "status": "OK", "replies": replies})
 
-        rows = msg.get("rows")
         piece = _Piece()
-        for index, part in enumerate(parts):
+        for index, (part, call) in enumerate(zip(parts, calls)):
             shared = type(part) is tuple  # (instance, seq, key): the batch's arguments
-            call = _call_of(part, msg, "later")
             # Each part is read (in this thread) before it is handed to its instance, so
             # the frames themselves go to the last part: every copy is made before any
             # instance that could change them in place has them.
             resolve = _unpacked if not shared or index == len(parts) - 1 else _unpacked_own
+            deliver = functools.partial(_payload, call=call)
             if rows is not None:  # each rank's own copy of its rows of the piece
                 resolve = functools.partial(piece.rows, *rows[index])
-            self.instances.serve_then(
-                call,
-                resolve,
-                functools.partial(_payload, call=call),
-                functools.partial(answered, index),
-            )
+                deliver = functools.partial(_payload_or_rows, call=call)
+            self.instances.serve_then(call, resolve, deliver, functools.partial(answered, index))
 
 
 class Registrar:
@@ -588,6 +593,34 @@ class _Piece:
         if self._read is None:
             self._read = (unpack(args), unpack(kwargs))
         return (*rows_for(*self._read, start, stop), ())
+
+
+def _payload_or_rows(result: Any, call: Call) -> Any:
+    """A result of a piece's rank: a ``DataProto`` as it is (its snapshot, to be joined
+    with the other ranks'), anything else as ``_payload`` makes it."""
+    return result if type(result) is DataProto else _payload(result, call)
+
+
+def _joined(values: list[Any], calls: list[Call], errors: dict) -> dict | None:
+    """A piece's reply with its ranks' results joined (``join_results``), or ``None``
+    when some rank failed or returned something else; then the ``DataProto`` results
+    among ``values`` are packed each by itself (an error for its rank if it cannot be)."""
+    if not errors:
+        joined = join_results(values)
+        if joined is not None:
+            try:
+                packed = pack(joined[:2], _result_of(calls[0]), back=True)
+            except Exception:  # (a meta_info that cannot travel: said rank by rank below)
+                packed = None
+            if packed is not None:
+                return {"joined": packed, "bounds": joined[2]}
+    for index, (value, call) in enumerate(zip(values, calls)):
+        if type(value) is DataProto:
+            try:
+                values[index] = _payload(value, call)
+            except Exception as exc:
+                errors[index] = sendable(exc)
+    return None
 
 
 def _plain(payload: Any) -> bool:
