@@ -159,14 +159,24 @@ def cut_rows(data: Batch, bounds: Sequence[tuple[int, int]]) -> list[Batch]:
     chunks = [slice_rows(data, lo, hi) for lo, hi in bounds]
     if isinstance(data, DataProto):
         for chunk, (lo, hi) in zip(chunks, bounds):
-            vars(chunk)["_cut_from"] = (data, lo, hi)
+            fields = (chunk.batch, chunk.non_tensor_batch, chunk.meta_info)
+            vars(chunk)["_cut_from"] = (data, lo, hi, fields)
     return chunks
 
 
 def cut_from(chunk: Any) -> tuple[DataProto, int, int] | None:
     """The batch and rows ``(source, start, stop)`` a DataProto chunk of ``cut_rows`` was
-    cut from, else ``None``. (Chunks are made for one call and never changed after.)"""
-    return getattr(chunk, "_cut_from", None) if type(chunk) is DataProto else None
+    cut from, else ``None``; also ``None`` once a field of the chunk was replaced (a
+    shallow copy given new rows, say), when its rows may no longer be the source's."""
+    mark = getattr(chunk, "_cut_from", None) if type(chunk) is DataProto else None
+    if mark is None:
+        return None
+    source, start, stop, (batch, non_tensor, meta) = mark
+    if chunk.batch is not batch or chunk.non_tensor_batch is not non_tensor:
+        return None
+    if chunk.meta_info is not meta:
+        return None
+    return source, start, stop
 
 
 def concat_batches(parts: Sequence[Batch]) -> Batch:

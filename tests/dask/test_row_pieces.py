@@ -4,6 +4,8 @@ values they all share; anything else travels rank by rank."""
 
 from __future__ import annotations
 
+import copy
+
 import torch
 
 import hybridflow_dask as hf
@@ -70,3 +72,11 @@ def test_results_that_do_not_join_are_left_rank_by_rank():
     assert join_results([one, hf.DataProto.from_dict({"y": torch.ones(2)})]) is None
     assert join_results([one, hf.DataProto.from_dict({"x": torch.ones(2, 3)})]) is None
     assert join_results([one, torch.ones(2)]) is None
+
+
+def test_a_chunk_whose_fields_were_replaced_no_longer_counts_as_cut_from_its_batch():
+    chunks = cut_rows(_batch(4), [(0, 2), (2, 4)])
+    changed = copy.copy(chunks[1])
+    changed.batch = _batch(2).batch  # other rows now
+    assert piece_of([(chunks[0],), (changed,)], [{}, {}]) is None
+    assert piece_of([(chunks[0],), (copy.copy(chunks[1]),)], [{}, {}]) is not None
