@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from tensordict import TensorDictBase
 
 __all__ = [
+    "CUT_MARK",
     "Batch",
     "PadRows",
     "concat_batches",
@@ -152,6 +153,11 @@ def slice_rows(data: Batch, start: int, stop: int) -> Batch:
     return data[start:stop]
 
 
+#: The attribute a chunk of ``cut_rows`` keeps its source under: bookkeeping of the
+#: driver's process, never serialized or sent with the chunk.
+CUT_MARK = "_cut_from"
+
+
 def cut_rows(data: Batch, bounds: Sequence[tuple[int, int]]) -> list[Batch]:
     """``data`` cut at ``bounds`` (one chunk per rank). A DataProto chunk remembers the
     batch and rows it was cut from (``cut_from``): a backend that sends several ranks'
@@ -160,7 +166,7 @@ def cut_rows(data: Batch, bounds: Sequence[tuple[int, int]]) -> list[Batch]:
     if isinstance(data, DataProto):
         for chunk, (lo, hi) in zip(chunks, bounds):
             fields = (chunk.batch, chunk.non_tensor_batch, chunk.meta_info)
-            vars(chunk)["_cut_from"] = (data, lo, hi, fields)
+            vars(chunk)[CUT_MARK] = (data, lo, hi, fields)
     return chunks
 
 
@@ -168,7 +174,7 @@ def cut_from(chunk: Any) -> tuple[DataProto, int, int] | None:
     """The batch and rows ``(source, start, stop)`` a DataProto chunk of ``cut_rows`` was
     cut from, else ``None``; also ``None`` once a field of the chunk was replaced (a
     shallow copy given new rows, say), when its rows may no longer be the source's."""
-    mark = getattr(chunk, "_cut_from", None) if type(chunk) is DataProto else None
+    mark = getattr(chunk, CUT_MARK, None) if type(chunk) is DataProto else None
     if mark is None:
         return None
     source, start, stop, (batch, non_tensor, meta) = mark

@@ -50,6 +50,7 @@ import torch
 from .data_proto import DataProto
 from .large_memory import take
 from .lazy_tensordict import tensordict
+from .rows import CUT_MARK
 
 __all__ = [
     "FORMAT_VERSION",
@@ -371,6 +372,11 @@ def _decode_array(entry: dict, reader: _FrameReader) -> np.ndarray:
 # ---------------------------------------------------------------------- DataProto
 
 
+#: What a DataProto's extra state (a subclass's own attributes) leaves out: its fields,
+#: and the driver's note of where a dispatch chunk was cut from (not the chunk's data).
+_NOT_EXTRA_STATE = frozenset({"batch", "non_tensor_batch", "meta_info", CUT_MARK})
+
+
 def _encode_dataproto(data: DataProto, writer: _FrameWriter) -> dict:
     non_tensor = []
     for key, array in data.non_tensor_batch.items():
@@ -387,9 +393,7 @@ def _encode_dataproto(data: DataProto, writer: _FrameWriter) -> dict:
         else:
             non_tensor.append({"key": key, "kind": "object", "index": writer.add_object(array)})
     extra_state = {
-        name: value
-        for name, value in vars(data).items()
-        if name not in ("batch", "non_tensor_batch", "meta_info")
+        name: value for name, value in vars(data).items() if name not in _NOT_EXTRA_STATE
     }
     return {
         "type": "DataProto",

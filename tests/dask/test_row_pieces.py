@@ -9,13 +9,14 @@ import copy
 import torch
 
 import hybridflow_dask as hf
+from hybridflow_dask.backends.dask.wire.messages import pack, unpack
 from hybridflow_dask.backends.dask.wire.row_pieces import (
     join_results,
     piece_of,
     results_of,
     rows_for,
 )
-from hybridflow_dask.protocol.rows import cut_rows
+from hybridflow_dask.protocol.rows import cut_from, cut_rows
 
 
 def _batch(rows: int) -> hf.DataProto:
@@ -80,3 +81,16 @@ def test_a_chunk_whose_fields_were_replaced_no_longer_counts_as_cut_from_its_bat
     changed.batch = _batch(2).batch  # other rows now
     assert piece_of([(chunks[0],), (changed,)], [{}, {}]) is None
     assert piece_of([(chunks[0],), (copy.copy(chunks[1]),)], [{}, {}]) is not None
+
+
+def test_a_chunk_travels_without_the_batch_it_was_cut_from():
+    """Where a chunk was cut from is the driver's note: packing the chunk sends its own
+    rows only, as packing a plain slice does (not the whole batch beside them)."""
+    batch = _batch(1 << 16)
+    chunk = cut_rows(batch, [(0, 1 << 15), (1 << 15, 1 << 16)])[0]
+    assert cut_from(chunk) is not None
+    packed, plain = pack(chunk, "a chunk"), pack(batch.slice(0, 1 << 15), "a slice")
+    assert sum(map(len, map(memoryview, packed.frames))) == sum(
+        map(len, map(memoryview, plain.frames))
+    )
+    assert cut_from(unpack(packed)) is None

@@ -237,8 +237,9 @@ def test_the_driver_counts_the_bytes_it_sends_and_receives_either_way(lanes):
     x = torch.ones(64, 256)  # 64 KiB: half to each rank, and back
     sent, got = backend.driver_bytes["scattered"], backend.driver_bytes["gathered"]
     group.double(hf.DataProto.from_dict({"x": x}))
-    assert backend.driver_bytes["scattered"] - sent >= x.nbytes
-    assert backend.driver_bytes["gathered"] - got >= x.nbytes
+    # each rank's half once (and a header), not the whole batch beside each half
+    assert x.nbytes <= backend.driver_bytes["scattered"] - sent < 1.25 * x.nbytes
+    assert x.nbytes <= backend.driver_bytes["gathered"] - got < 1.25 * x.nbytes
 
 
 class Queue(hf.Worker):
