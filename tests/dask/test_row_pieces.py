@@ -11,6 +11,7 @@ import torch
 import hybridflow_dask as hf
 from hybridflow_dask.backends.dask.wire.messages import pack, unpack
 from hybridflow_dask.backends.dask.wire.row_pieces import (
+    JOIN_MAX_BYTES,
     join_results,
     piece_of,
     results_of,
@@ -94,3 +95,12 @@ def test_a_chunk_travels_without_the_batch_it_was_cut_from():
         map(len, map(memoryview, plain.frames))
     )
     assert cut_from(unpack(packed)) is None
+
+
+def test_results_larger_than_the_join_bound_are_left_rank_by_rank():
+    """Joining copies the results on the worker: above the bound they travel each from
+    its own memory."""
+    half = JOIN_MAX_BYTES // 8 + 1  # float32 elements: two results just over the bound
+    big = [hf.DataProto.from_dict({"x": torch.ones(half)}) for _ in range(2)]
+    assert join_results(big) is None
+    assert join_results([big[0], hf.DataProto.from_dict({"x": torch.ones(2)})]) is not None

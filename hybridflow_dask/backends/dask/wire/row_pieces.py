@@ -24,11 +24,13 @@ import operator
 from collections.abc import Sequence
 from typing import Any, NamedTuple
 
+from dask.sizeof import sizeof
+
 from ....protocol import DataProto
 from ....protocol.rows import cut_from
 from .messages import is_plain
 
-__all__ = ["Piece", "join_results", "piece_of", "results_of", "rows_for"]
+__all__ = ["JOIN_MAX_BYTES", "Piece", "join_results", "piece_of", "results_of", "rows_for"]
 
 
 class Piece(NamedTuple):
@@ -91,13 +93,23 @@ def rows_for(args: tuple, kwargs: dict, start: int, stop: int) -> tuple[tuple, d
     return tuple(map(own, args)), {name: own(value) for name, value in kwargs.items()}
 
 
+#: The most bytes of results a worker joins into one reply. Joining copies them once on
+#: the worker and saves the driver ~20 µs per rank (reading one reply instead of one per
+#: rank); for 32 ranks that is the time of copying a few MiB, so larger results travel
+#: rank by rank, each from its own memory.
+JOIN_MAX_BYTES = 4 << 20
+
+
 def join_results(
     values: Sequence[Any],
 ) -> tuple[DataProto, list[dict], list[tuple[int, int]]] | None:
     """The rows of every rank's ``DataProto`` result joined, each rank's ``meta_info``,
-    and its bounds in the joined rows; ``None`` unless every value is a ``DataProto``
-    and their rows can be joined (the same keys, dtypes and trailing shapes)."""
+    and its bounds in the joined rows; ``None`` unless every value is a ``DataProto``,
+    their rows can be joined (the same keys, dtypes and trailing shapes) and together
+    they hold at most ``JOIN_MAX_BYTES``."""
     if not values or any(type(value) is not DataProto for value in values):
+        return None
+    if sum(map(sizeof, values)) > JOIN_MAX_BYTES:
         return None
     try:
         rows = DataProto.concat(
