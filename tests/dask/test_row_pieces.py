@@ -11,7 +11,7 @@ import torch
 import hybridflow_dask as hf
 from hybridflow_dask.backends.dask.wire.messages import pack, unpack
 from hybridflow_dask.backends.dask.wire.row_pieces import (
-    JOIN_MAX_BYTES,
+    PIECE_MAX_BYTES,
     join_results,
     piece_of,
     results_of,
@@ -100,7 +100,15 @@ def test_a_chunk_travels_without_the_batch_it_was_cut_from():
 def test_results_larger_than_the_join_bound_are_left_rank_by_rank():
     """Joining copies the results on the worker: above the bound they travel each from
     its own memory."""
-    half = JOIN_MAX_BYTES // 8 + 1  # float32 elements: two results just over the bound
+    half = PIECE_MAX_BYTES // 8 + 1  # float32 elements: two results just over the bound
     big = [hf.DataProto.from_dict({"x": torch.ones(half)}) for _ in range(2)]
     assert join_results(big) is None
     assert join_results([big[0], hf.DataProto.from_dict({"x": torch.ones(2)})]) is not None
+
+
+def test_rows_larger_than_the_piece_bound_travel_rank_by_rank():
+    rows = PIECE_MAX_BYTES // 4 + 2  # float32 rows: just over the bound in all
+    chunks = cut_rows(_batch(rows), [(0, rows // 2), (rows // 2, rows)])
+    assert piece_of([(chunks[0],), (chunks[1],)], [{}, {}]) is None
+    small = cut_rows(_batch(8), [(0, 4), (4, 8)])
+    assert piece_of([(small[0],), (small[1],)], [{}, {}]) is not None

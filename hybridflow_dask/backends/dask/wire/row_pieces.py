@@ -30,7 +30,15 @@ from ....protocol import DataProto
 from ....protocol.rows import cut_from
 from .messages import is_plain
 
-__all__ = ["JOIN_MAX_BYTES", "Piece", "join_results", "piece_of", "results_of", "rows_for"]
+__all__ = ["PIECE_MAX_BYTES", "Piece", "join_results", "piece_of", "results_of", "rows_for"]
+
+
+#: The most bytes of rows that travel as one piece, either way. A piece saves the driver
+#: ~20-25 µs per rank (one packing, or one reply read, instead of one per rank) and costs
+#: the worker a copy of the rows (each rank's own, out of the piece; the results joined):
+#: for 32 ranks that is the time of copying a few MiB, so larger rows travel rank by
+#: rank, each from its own memory.
+PIECE_MAX_BYTES = 4 << 20
 
 
 class Piece(NamedTuple):
@@ -45,7 +53,8 @@ class Piece(NamedTuple):
 def piece_of(args: Sequence[tuple], kwargs: Sequence[dict]) -> Piece | None:
     """One piece for ranks given ``args[i]``/``kwargs[i]``, or ``None`` unless every
     argument is either a chunk cut from one batch, the ranks' chunks consecutive rows of
-    it (in rank order, the same rows of each batch), or one plain value they all share."""
+    it (in rank order, the same rows of each batch), or one plain value they all share,
+    and the rows hold at most ``PIECE_MAX_BYTES``."""
     first_args, first_kwargs = args[0], kwargs[0]
     names = first_kwargs.keys()
     if any(len(a) != len(first_args) for a in args) or any(k.keys() != names for k in kwargs):
@@ -77,6 +86,8 @@ def piece_of(args: Sequence[tuple], kwargs: Sequence[dict]) -> Piece | None:
         joined.append(source.slice(start, cuts[-1][2]))
     if bounds is None:  # no batch among them: nothing to join
         return None
+    if sum(sizeof(value) for value in joined if type(value) is DataProto) > PIECE_MAX_BYTES:
+        return None
     count = len(first_args)
     return Piece(tuple(joined[:count]), dict(zip(names, joined[count:])), bounds)
 
@@ -93,23 +104,16 @@ def rows_for(args: tuple, kwargs: dict, start: int, stop: int) -> tuple[tuple, d
     return tuple(map(own, args)), {name: own(value) for name, value in kwargs.items()}
 
 
-#: The most bytes of results a worker joins into one reply. Joining copies them once on
-#: the worker and saves the driver ~20 µs per rank (reading one reply instead of one per
-#: rank); for 32 ranks that is the time of copying a few MiB, so larger results travel
-#: rank by rank, each from its own memory.
-JOIN_MAX_BYTES = 4 << 20
-
-
 def join_results(
     values: Sequence[Any],
 ) -> tuple[DataProto, list[dict], list[tuple[int, int]]] | None:
     """The rows of every rank's ``DataProto`` result joined, each rank's ``meta_info``,
     and its bounds in the joined rows; ``None`` unless every value is a ``DataProto``,
     their rows can be joined (the same keys, dtypes and trailing shapes) and together
-    they hold at most ``JOIN_MAX_BYTES``."""
+    they hold at most ``PIECE_MAX_BYTES``."""
     if not values or any(type(value) is not DataProto for value in values):
         return None
-    if sum(map(sizeof, values)) > JOIN_MAX_BYTES:
+    if sum(map(sizeof, values)) > PIECE_MAX_BYTES:
         return None
     try:
         rows = DataProto.concat(
