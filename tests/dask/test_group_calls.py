@@ -107,7 +107,8 @@ class Light(hf.Worker):
         dispatch_mode={"dispatch_fn": dispatch_dp_compute_data_proto, "collect_fn": each_rank}
     )
     def own_meta(self, data: hf.DataProto) -> hf.DataProto:
-        """Each rank's rows and a meta_info of its own; rank ``extra_on`` adds a key."""
+        """Each rank's rows and a meta_info of its own; the rank the batch's
+        ``meta_info["extra_on"]`` names adds a key, the rank 100 above it fails."""
         extra_on = data.meta_info.get("extra_on", -1)
         out = {"x": data.batch["x"] + 0.5}
         if self.rank == extra_on:
@@ -348,9 +349,9 @@ def test_a_dp_call_sends_each_process_its_ranks_rows_as_one_piece(light_group, m
 
 @pytest.mark.parametrize("blocking", [True, False])
 def test_each_rank_of_a_piece_holds_only_its_own_rows_in_memory_of_its_own(light_group, blocking):
-    """A rank's rows are copied out of its process's piece: changing them in place
-    changes no other rank's, nor the caller's batch, and a rank keeping them keeps only
-    its own rows' memory."""
+    """A rank's rows are copied out of its process's piece: a rank keeping them keeps
+    only its own rows' memory, and changing them in place leaves the caller's batch as
+    it was."""
     data = hf.DataProto.from_dict({"x": torch.arange(1.0, 65.0)})  # 8 rows per rank
     out = light_group.rows_held(data) if blocking else hf.get(light_group.rows_held_later(data))
     assert out.batch["held"].tolist() == [8 * 4.0] * 64  # 8 float32 rows, not 32
