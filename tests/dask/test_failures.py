@@ -47,6 +47,15 @@ class Sleeper(hf.Worker):
         time.sleep(seconds)
         return seconds
 
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO)
+    def doze_rows(self, data):
+        time.sleep(float(data.meta_info["seconds"]))
+        return data
+
+    @hf.register(hf.Dispatch.DP_COMPUTE_PROTO, blocking=False)
+    def doze_rows_later(self, data):
+        return self.doze_rows(data)
+
 
 @pytest.fixture(scope="module")
 def own_backend():
@@ -253,3 +262,39 @@ def test_each_light_rank_of_a_process_killed_during_a_batch_fails_naming_its_own
     finally:
         group.shutdown()
         light.shutdown()
+
+
+@pytest.mark.parametrize("blocking", [True, False], ids=["lane", "stream"])
+def test_a_light_rank_process_killed_during_a_dp_call_fails_it_naming_its_first_rank(
+    own_backend, blocking
+):
+    """A DP call's rows reach each process's light ranks as one piece (and, blocking,
+    come back joined); when a process dies with its piece in flight, the call fails with
+    the loss of its first rank there."""
+    own_backend.client.wait_for_workers(2, timeout=30)  # (a test before killed one)
+    with dask.config.set({"hybridflow.fresh-processes": False}):
+        light = DaskBackend(cluster=own_backend.cluster, ranks_per_worker=2)
+    group = hf.WorkerGroup(hf.ResourcePool([4]), Sleeper, backend=light, name_prefix="rows")
+    try:
+        pids = group.pid()
+        data = hf.DataProto.from_dict({"x": torch.arange(8.0)}, meta_info={"seconds": 2})
+        call = group.doze_rows if blocking else group.doze_rows_later
+        result: list = []
+        running = threading.Thread(target=lambda: result.append(_outcome(call, data)))
+        running.start()
+        time.sleep(0.5)  # the pieces are running
+        _kill(pids[2])
+        running.join(10)
+        assert isinstance(result[0], WorkerLostError), result
+        assert "rank 2 of worker group 'rows" in str(result[0])
+    finally:
+        group.shutdown()
+        light.shutdown()
+
+
+def _outcome(call, data):
+    """What a call on ``data`` ends with, waited for: its result or its error."""
+    try:
+        return hf.get(call(data))
+    except Exception as exc:
+        return exc
