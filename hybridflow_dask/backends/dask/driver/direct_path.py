@@ -308,27 +308,24 @@ class DirectPath:
             sent = count * _packed_bytes(this)
             plain = not (this.inputs or this.known)
         else:
+            made = [_UNMADE] * count
+            sent = 0
             if self._group:
                 pieces = self._pieces(calls, label, runs, for_later=not blocking)
-            in_piece = {
-                i
-                for start, (_, piece) in pieces.items()
-                for i in range(start, start + len(piece.bounds))
-            }
+                for start, (this, piece) in pieces.items():
+                    made[start : start + len(piece.bounds)] = [_IN_PIECE] * len(piece.bounds)
+                    sent += _packed_bytes(this)
             shared = _Shared()
-            made = []
-            sent = sum(_packed_bytes(this) for this, _ in pieces.values())
             plain = True
             for index, call in enumerate(calls):
-                if index in in_piece:
-                    made.append(_IN_PIECE)
+                if made[index] is _IN_PIECE:
                     continue
                 this = shared.get(call.args, call.kwargs)
                 if this is None:
                     this = self._packed(call, label, for_later=not blocking)
                     shared.keep(call.args, call.kwargs, this)
                     plain = plain and not (this.inputs or this.known)
-                made.append(this)
+                made[index] = this
                 sent += _packed_bytes(this)
         if sent:
             with self._lock:
@@ -349,7 +346,9 @@ class DirectPath:
             shared=one is not None,
             plain=plain,
             pieces=pieces,
-            pack=lambda index: self._packed(calls[index], label, for_later=not blocking),
+            pack=(lambda i: self._packed(calls[i], label, for_later=not blocking))
+            if pieces
+            else None,
         )
 
     def _pieces(
@@ -895,6 +894,8 @@ class _Made(NamedTuple):
 
 #: What ``_Parts.made`` holds for a rank whose rows travel in its process's piece.
 _IN_PIECE = _Made((None, None), [], [])
+#: (Only while ``_parts`` fills it in.)
+_UNMADE = _Made((None, None), [], [])
 
 
 class _Parts:

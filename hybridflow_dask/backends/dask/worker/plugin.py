@@ -389,10 +389,11 @@ class InstancesPlugin(WorkerPlugin):
                 if left[0]:
                     return
             if rows is not None:
-                joined = _joined(values, calls, errors)
+                joined = _joined(values, calls) if not errors else None
                 if joined is not None:
                     reply({"id": msg["id"], "status": "OK", **joined})
                     return
+                _pack_each(values, calls, errors)
             # Every part's value plain: the reply is just the values (no dict per rank to
             # write, read and walk on the way).
             if not errors and all(map(_plain, values)):
@@ -601,26 +602,28 @@ def _payload_or_rows(result: Any, call: Call) -> Any:
     return result if type(result) is DataProto else _payload(result, call)
 
 
-def _joined(values: list[Any], calls: list[Call], errors: dict) -> dict | None:
-    """A piece's reply with its ranks' results joined (``join_results``), or ``None``
-    when some rank failed or returned something else; then the ``DataProto`` results
-    among ``values`` are packed each by itself (an error for its rank if it cannot be)."""
-    if not errors:
-        joined = join_results(values)
-        if joined is not None:
-            try:
-                packed = pack(joined[:2], _result_of(calls[0]), back=True)
-            except Exception:  # (a meta_info that cannot travel: said rank by rank below)
-                packed = None
-            if packed is not None:
-                return {"joined": packed, "bounds": joined[2]}
+def _joined(values: list[Any], calls: list[Call]) -> dict | None:
+    """A piece's reply with its ranks' results joined (``join_results``) and packed once,
+    or ``None`` when they do not join or cannot travel together."""
+    joined = join_results(values)
+    if joined is None:
+        return None
+    try:
+        packed = pack(joined[:2], _result_of(calls[0]), back=True)
+    except Exception:  # (a meta_info that cannot travel: said rank by rank)
+        return None
+    return {"joined": packed, "bounds": joined[2]}
+
+
+def _pack_each(values: list[Any], calls: list[Call], errors: dict) -> None:
+    """The ``DataProto`` results of a piece that is not answered joined, each packed by
+    itself (as ``_payload`` packs any other result), or its rank's error."""
     for index, (value, call) in enumerate(zip(values, calls)):
         if type(value) is DataProto:
             try:
                 values[index] = _payload(value, call)
             except Exception as exc:
                 errors[index] = sendable(exc)
-    return None
 
 
 def _plain(payload: Any) -> bool:
