@@ -55,7 +55,7 @@ def groups_json(backend) -> dict[str, dict]:
 
 def groups_once_counted(backend, counted) -> dict[str, dict]:
     """The page's groups once ``counted(groups)`` holds: workers report direct calls in
-    batches every 50 ms, so the counts trail the calls by that much."""
+    batches every 250 ms, so the counts trail the calls by that much."""
     deadline = time.monotonic() + 10
     while True:
         groups = groups_json(backend)
