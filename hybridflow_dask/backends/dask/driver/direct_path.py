@@ -32,14 +32,12 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, NamedTuple, cast
+from typing import Any, cast
 
 from distributed import Future
 from distributed.comm import CommClosedError
-from distributed.protocol.serialize import Serialized
 
 from ....errors import CallTimeoutError
-from ....protocol import DataProtoFuture
 from ...base import InstanceRef, Slot, WorkerLostError
 from ..config import call_timeout, unreachable_timeout
 from ..internals import (
@@ -50,12 +48,27 @@ from ..internals import (
     pending_future,
     wait_future,
 )
-from ..wire.keys import InputKey, KeyRun, swap_inputs, task_key, task_keys
+from ..wire.keys import InputKey, swap_inputs, task_key, task_keys
 from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.row_pieces import Piece, piece_of, results_of
 from ..wire.snapshot import own_frames
-from .call_path import RankCall, RankCalls, all_are, same_arguments
+from .call_parts import (
+    IN_PIECE,
+    UNMADE,
+    CallParts,
+    LaneBatch,
+    Made,
+    Message,
+    SharedArguments,
+    StreamBatch,
+    each_message,
+    nested_futures,
+    one_part,
+    packed_bytes,
+    process_runs,
+)
+from .call_path import RankCall, RankCalls
 from .channel import Channel
 from .held import NOT_HELD, CallFuture, handed_back, held_from, held_value, holding
 from .lane import Lane
@@ -90,28 +103,6 @@ class _NotYet:
 
     until: float
     wait: float
-
-
-class _Message:
-    """One message to a worker and what to do with its reply."""
-
-    __slots__ = ("address", "future", "inputs", "known", "msg", "op", "ref", "seq", "slot")
-
-    def __init__(
-        self,
-        op: str,
-        slot: Slot,
-        ref: InstanceRef | None,
-        seq: int | None,
-        msg: dict,
-        inputs: list[Future],
-        future: Any,
-    ) -> None:
-        self.op, self.slot, self.ref, self.seq = op, slot, ref, seq
-        self.address = slot.address
-        self.msg, self.inputs, self.future = msg, inputs, future
-        #: Futures the worker will ask the scheduler about itself: they must be done first.
-        self.known: list[Future] = []
 
 
 class DirectPath:
@@ -151,7 +142,7 @@ class DirectPath:
         self._releases = Releases(client)
         self._loop: asyncio.AbstractEventLoop = client.loop.asyncio_loop
         self._lock = threading.Lock()
-        self._outbox: list[_Message | _StreamBatch] = []
+        self._outbox: list[Message | StreamBatch] = []
         #: Keys the scheduler does not know yet (non-blocking calls in flight, tasks held back
         #: until their inputs are known), each with the event that says it now is (made
         #: when a task first waits for it: most keys are announced before anyone does).
@@ -177,7 +168,7 @@ class DirectPath:
             "key": future.key,
             "share": self._share,
         }
-        self._post(_Message("hf_create", ref.slot, ref, seq, msg, inputs, future))
+        self._post(Message("hf_create", ref.slot, ref, seq, msg, inputs, future))
         return future
 
     def call(
@@ -195,7 +186,7 @@ class DirectPath:
         with future inputs travels alone on the stream, which writes every message
         posted in one turn of the loop at once. A rank's own message is made only when
         it travels by itself."""
-        runs = _runs(calls.refs)  # consecutive ranks of one worker process
+        runs = process_runs(calls.refs)  # consecutive ranks of one worker process
         if not blocking:
             parts = self._parts(calls, method, label, blocking, deadline, runs)
             self._post_later(parts, runs)
@@ -242,7 +233,7 @@ class DirectPath:
                         lane.request(message.msg, message, read_by_caller=caller_reads)
                     else:
                         msg = parts.batch_msg(batch)
-                        lane.request(msg, _Batch(parts, batch), read_by_caller=caller_reads)
+                        lane.request(msg, LaneBatch(parts, batch), read_by_caller=caller_reads)
                 except ConnectionError:  # broke just now: the Dask comm reports what happened
                     for index in batch:
                         self._post(parts.message(index))
@@ -256,7 +247,7 @@ class DirectPath:
             parts.replies.lanes = tuple(batches)
         return parts.futures
 
-    def _post_later(self, parts: _Parts, runs: list[tuple[Slot, range]]) -> None:
+    def _post_later(self, parts: CallParts, runs: list[tuple[Slot, range]]) -> None:
         """A non-blocking call's ranks onto their processes' streams: the ranks of one
         process together as one message, unless some rank waits for a future among its
         arguments (each then travels alone, when its inputs are ready)."""
@@ -269,7 +260,7 @@ class DirectPath:
             if len(run) == 1:
                 self._post(parts.message(run[0]))
             else:
-                self._post(_StreamBatch(parts, run, slot))
+                self._post(StreamBatch(parts, run, slot))
 
     def _parts(
         self,
@@ -279,7 +270,7 @@ class DirectPath:
         blocking: bool,
         deadline: float | None,
         runs: Sequence[tuple[Slot, range]],
-    ) -> _Parts:
+    ) -> CallParts:
         """What each rank's message is made of, and its future; every argument is packed
         before anything is sent. Ranks given the very same argument objects share one
         packing of them; the ranks of one of ``runs`` (a process's, sent together) given
@@ -300,25 +291,25 @@ class DirectPath:
         }
         if not blocking and self._hold:
             common["hold"] = self._hold
-        one = _one_part(calls)
-        pieces: dict[int, tuple[_Made, Piece]] = {}
+        one = one_part(calls)
+        pieces: dict[int, tuple[Made, Piece]] = {}
         if one is not None:  # every rank has the very same arguments: packed once
             this = self._packed(one, label, for_later=not blocking)
             made = [this] * count
-            sent = count * _packed_bytes(this)
+            sent = count * packed_bytes(this)
             plain = not (this.inputs or this.known)
         else:
-            made = [_UNMADE] * count
+            made = [UNMADE] * count
             sent = 0
             if self._group:
                 pieces = self._pieces(calls, label, runs, for_later=not blocking)
                 for start, (this, piece) in pieces.items():
-                    made[start : start + len(piece.bounds)] = [_IN_PIECE] * len(piece.bounds)
-                    sent += _packed_bytes(this)
-            shared = _Shared()
+                    made[start : start + len(piece.bounds)] = [IN_PIECE] * len(piece.bounds)
+                    sent += packed_bytes(this)
+            shared = SharedArguments()
             plain = True
             for index, call in enumerate(calls):
-                if made[index] is _IN_PIECE:
+                if made[index] is IN_PIECE:
                     continue
                 this = shared.get(call.args, call.kwargs)
                 if this is None:
@@ -326,7 +317,7 @@ class DirectPath:
                     shared.keep(call.args, call.kwargs, this)
                     plain = plain and not (this.inputs or this.known)
                 made[index] = this
-                sent += _packed_bytes(this)
+                sent += packed_bytes(this)
         if sent:
             with self._lock:
                 self._counts["scattered"] += sent
@@ -336,7 +327,7 @@ class DirectPath:
             futures = [CallFuture(key, self.client, self._releases) for key in keys]
             for key in keys:
                 self.expect(key)
-        return _Parts(
+        return CallParts(
             calls,
             keys,
             common,
@@ -353,7 +344,7 @@ class DirectPath:
 
     def _pieces(
         self, calls: RankCalls, label: str, runs: Sequence[tuple[Slot, range]], *, for_later: bool
-    ) -> dict[int, tuple[_Made, Piece]]:
+    ) -> dict[int, tuple[Made, Piece]]:
         """The runs of ranks whose rows travel as one piece, by their first index, with
         the piece packed."""
         pieces = {}
@@ -366,14 +357,14 @@ class DirectPath:
                 pieces[run.start] = (self._packed(first, label, for_later=for_later), piece)
         return pieces
 
-    def _packed(self, call: RankCall, label: str, *, for_later: bool) -> _Made:
+    def _packed(self, call: RankCall, label: str, *, for_later: bool) -> Made:
         """A rank's arguments as its message carries them (packed unless plain), the
         futures among them, and those inside its ``DataProtoFuture``s. ``for_later``:
         sent after the call returns, when its caller may have changed them: copied now."""
         args, kwargs, inputs = self._placeholders(call.args, call.kwargs)
-        known = _nested_futures(args) + _nested_futures(kwargs)
+        known = nested_futures(args) + nested_futures(kwargs)
         if plain_call(args, kwargs):  # travel inside the message as they are
-            return _Made((args, kwargs), inputs, known)
+            return Made((args, kwargs), inputs, known)
         rank = call.ref.rank
         packed = (
             pack(args, f"the arguments of {label} for rank {rank}"),
@@ -381,12 +372,12 @@ class DirectPath:
         )
         if for_later:
             packed = (own_frames(packed[0]), own_frames(packed[1]))
-        return _Made(packed, inputs, known)
+        return Made(packed, inputs, known)
 
     def destroy(self, ref: InstanceRef, seq: int) -> ReplyFuture:
         future = ReplyFuture(task_key(f"{ref.group}.__del__"))
         msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
-        self._post(_Message("hf_destroy", ref.slot, ref, None, msg, [], future))
+        self._post(Message("hf_destroy", ref.slot, ref, None, msg, [], future))
         return future
 
     def skip(self, ref: InstanceRef, seq: int) -> None:
@@ -397,10 +388,10 @@ class DirectPath:
         self._post(self._skip_message(ref, seq, answer))
         return answer
 
-    def _skip_message(self, ref: InstanceRef, seq: int, answer: ReplyFuture | None) -> _Message:
+    def _skip_message(self, ref: InstanceRef, seq: int, answer: ReplyFuture | None) -> Message:
         """Call ``seq`` on ``ref`` must not run; ``answer`` (if any) hears whether it will not."""
         msg = {"instance": ref.key, "driver": self.driver_id, "seq": seq}
-        return _Message("hf_skip", ref.slot, ref, None, msg, [], answer)
+        return Message("hf_skip", ref.slot, ref, None, msg, [], answer)
 
     def abandon(self, address: str) -> None:
         """The worker at ``address`` is unreachable: reset the stream and lanes to it, so
@@ -426,7 +417,7 @@ class DirectPath:
     def _ask(self, op: str, slot: Slot, timeout: float | None = None, **msg: Any) -> Any:
         """The answer to a question for ``slot``'s worker (from the caller's thread)."""
         future = ReplyFuture(op)
-        self._post(_Message(op, slot, None, None, msg, [], future))
+        self._post(Message(op, slot, None, None, msg, [], future))
         return future.result(timeout)
 
     def close(self, timeout: float = 2.0) -> None:
@@ -470,7 +461,7 @@ class DirectPath:
             answer = ReplyFuture("fetch")
             msg = {"op": "fetch", "keys": keys, "deadline": deadline}
             try:
-                lane.request(msg, _Message("hf_fetch", slot, ref, None, msg, [], answer))
+                lane.request(msg, Message("hf_fetch", slot, ref, None, msg, [], answer))
             except ConnectionError:
                 continue
             asked.append((slot, answer))
@@ -609,8 +600,8 @@ class DirectPath:
             local=local,
         )
 
-    def _lane_reply(self, message: _Message | _Batch, reply: dict) -> None:
-        if isinstance(message, _Batch):  # one reply per rank, in the batch's order
+    def _lane_reply(self, message: Message | LaneBatch, reply: dict) -> None:
+        if isinstance(message, LaneBatch):  # one reply per rank, in the batch's order
             indices, replies = message.indices, message.parts.replies
             assert replies is not None  # (a batch is one blocking call's ranks)
             if "joined" in reply and reply.get("status") == "OK":  # a piece's rows, joined
@@ -645,10 +636,10 @@ class DirectPath:
             reply["result"] = value
         self._settle(message, reply, error)
 
-    def _lane_broken(self, pending: list[_Message]) -> None:
+    def _lane_broken(self, pending: list[Message]) -> None:
         """The lane ended with calls unanswered: handled as a broken Dask stream is."""
         error = ConnectionError("the socket lane closed")
-        pending = [p for m in pending for p in (m.messages() if isinstance(m, _Batch) else [m])]
+        pending = [p for m in pending for p in (m.messages() if isinstance(m, LaneBatch) else [m])]
         for message in pending:
             try:
                 self._loop.call_soon_threadsafe(self._answered, message, None, error)
@@ -657,7 +648,7 @@ class DirectPath:
 
     # -- the client's event loop -------------------------------------------------------------
 
-    def _post(self, message: _Message | _StreamBatch) -> None:
+    def _post(self, message: Message | StreamBatch) -> None:
         with self._lock:
             self._outbox.append(message)
             first = len(self._outbox) == 1
@@ -668,7 +659,7 @@ class DirectPath:
         with self._lock:
             messages, self._outbox = self._outbox, []
         for message in messages:
-            if type(message) is _Message and (message.inputs or message.known):
+            if type(message) is Message and (message.inputs or message.known):
                 self._spawn(self._send_when_ready(message))
             else:  # the common case: straight onto the stream, no task of its own
                 self._send(message)
@@ -678,7 +669,7 @@ class DirectPath:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _send_when_ready(self, message: _Message) -> None:
+    async def _send_when_ready(self, message: Message) -> None:
         # ``known``: futures inside a DataProtoFuture the rank resolves itself. Its worker
         # asks the scheduler for them by key, and a key the scheduler has not registered
         # yet (a re-split task submitted a moment ago) is ignored there, so the rank would
@@ -694,9 +685,9 @@ class DirectPath:
             return
         self._send(message)
 
-    def _send(self, message: _Message | _StreamBatch) -> None:
+    def _send(self, message: Message | StreamBatch) -> None:
         if self._live.is_dead(message.slot):
-            for one in _each(message):
+            for one in each_message(message):
                 self._failed(one, self._live.error(one.slot, one.ref))
             return
         channel = self._channels.get(message.address)
@@ -707,11 +698,11 @@ class DirectPath:
         channel.send({"op": message.op, **message.msg}, message, self._answered)
 
     def _answered(
-        self, message: _Message | _StreamBatch, reply: dict | None, error: BaseException | None
+        self, message: Message | StreamBatch, reply: dict | None, error: BaseException | None
     ) -> None:
         """A message's reply, or the error that its stream (or lane) broke. Loop thread.
         A batch's reply is its ranks' replies, each handled as a rank's own message's."""
-        if isinstance(message, _StreamBatch):
+        if isinstance(message, StreamBatch):
             futures = message.parts.futures
             for index, answer in zip(message.indices, message.answers(reply, error)):
                 if answer is not None and answer.get("status") == "OK":  # the common case
@@ -734,7 +725,7 @@ class DirectPath:
         else:
             self._spawn(self._lost(message, error))
 
-    async def _lost(self, message: _Message, error: BaseException) -> None:
+    async def _lost(self, message: Message, error: BaseException) -> None:
         """The stream (or lane) broke. Either the worker died (the scheduler's word
         follows within milliseconds: wait for it, so liveness and ``recover()`` agree
         with the error), or only the connection did, and the worker, still running, must
@@ -754,7 +745,7 @@ class DirectPath:
         lost.__cause__ = error
         self._settle(message, None, lost)
 
-    def _withdraw(self, message: _Message) -> ReplyFuture | None:
+    def _withdraw(self, message: Message) -> ReplyFuture | None:
         """Ask ``message``'s worker not to run its call; the answer says whether it will not."""
         if message.seq is None or message.ref is None:  # a question, not a call
             return None
@@ -762,7 +753,7 @@ class DirectPath:
         self._send(self._skip_message(message.ref, message.seq, answer))
         return answer  # (sent now: this runs on the loop, where ``_post`` would wait a turn)
 
-    async def _withdrawn(self, message: _Message, answer: ReplyFuture | None) -> WorkerLostError:
+    async def _withdrawn(self, message: Message, answer: ReplyFuture | None) -> WorkerLostError:
         """The error for a call whose connection broke while its worker lives on."""
         what = message.msg.get("method", message.op)
         rank = message.ref.rank if message.ref else "?"
@@ -785,7 +776,7 @@ class DirectPath:
             f"{broke}; the call had already started there, and its result is lost"
         )
 
-    async def _input_lost(self, message: _Message, error: BaseException) -> None:
+    async def _input_lost(self, message: Message, error: BaseException) -> None:
         """The worker could not get an input: when the input's holder died (the scheduler's
         word follows within milliseconds), the call fails naming that group and rank."""
         deadline = self._loop.time() + DEATH_WAIT_S
@@ -799,13 +790,13 @@ class DirectPath:
             await asyncio.sleep(0.01)
         self._settle(message, None, error)
 
-    def _failed(self, message: _Message, error: BaseException) -> None:
+    def _failed(self, message: Message, error: BaseException) -> None:
         """``message`` never ran: later calls on its instance must not wait for it."""
         if message.seq is not None:
             self._skip_now(message)
         self._settle(message, None, error)
 
-    async def _wait_input(self, dep: Future, message: _Message) -> None:
+    async def _wait_input(self, dep: Future, message: Message) -> None:
         while not await wait_future(dep, INPUT_POLL_S):
             lost = self._live.lost_input(dep)
             if lost is not None:
@@ -817,11 +808,11 @@ class DirectPath:
                 f"an input of {message.msg.get('method', message.op)} was {dep.status}"
             )
 
-    def _skip_now(self, message: _Message) -> None:
+    def _skip_now(self, message: Message) -> None:
         if message.ref is not None and not self._live.is_dead(message.slot):
             self.skip(message.ref, cast(int, message.seq))  # numbered: it has a ref
 
-    def _settle(self, message: _Message, reply: dict | None, error: BaseException | None) -> None:
+    def _settle(self, message: Message, reply: dict | None, error: BaseException | None) -> None:
         if message.future is None:
             if error is not None:
                 logger.debug("message %s to %s failed: %r", message.op, message.address, error)
@@ -864,7 +855,7 @@ class DirectPath:
             raise RuntimeError(f"no worker is known to have made {future.key}")
         answer = ReplyFuture("hf_keep")
         msg = {"key": future.key, "value": handed_back(future.held), "client": self.client.id}
-        self._send(_Message("hf_keep", placed[0], placed[1], None, msg, [], answer))
+        self._send(Message("hf_keep", placed[0], placed[1], None, msg, [], answer))
         await asyncio.wrap_future(answer)
 
     # -- helpers ----------------------------------------------------------------------------------
@@ -879,285 +870,6 @@ class DirectPath:
             return InputKey(value.key) if isinstance(value, Future) else value
 
         return swap_inputs(args, swap), swap_inputs(kwargs, swap), inputs
-
-
-class _Made(NamedTuple):
-    """What a rank's message is made of: ranks given the very same arguments share one."""
-
-    #: ``(args, kwargs)`` as the message carries them (packed, unless plain).
-    packed: tuple[Any, Any]
-    #: The futures among them (the worker resolves their keys).
-    inputs: list[Future]
-    #: Those inside its ``DataProtoFuture``s (its rank resolves them itself).
-    known: list[Future]
-
-
-#: What ``_Parts.made`` holds for a rank whose rows travel in its process's piece.
-_IN_PIECE = _Made((None, None), [], [])
-#: (Only while ``_parts`` fills it in.)
-_UNMADE = _Made((None, None), [], [])
-
-
-class _Parts:
-    """One call's ranks, by index: what each one's message is made of, and its future.
-
-    A rank's ``_Message`` (a dict and a few objects) is made only when the rank travels
-    by itself (the Dask comm, a lane of its own, a lane that broke); a batch of ranks to
-    one process is written straight from here, so a call to hundreds of light ranks
-    makes no message per rank.
-    """
-
-    __slots__ = (
-        "calls",
-        "common",
-        "futures",
-        "keys",
-        "made",
-        "pack",
-        "pieces",
-        "plain",
-        "replies",
-        "shared",
-    )
-
-    def __init__(
-        self,
-        calls: RankCalls,
-        keys: KeyRun,
-        common: dict[str, Any],
-        made: list[_Made],
-        futures: Sequence[Any],
-        replies: Replies | None,
-        *,
-        shared: bool = False,
-        plain: bool = False,
-        pieces: dict[int, tuple[_Made, Piece]] | None = None,
-        pack: Callable[[int], _Made] | None = None,
-    ) -> None:
-        self.calls, self.keys, self.common = calls, keys, common
-        #: Each rank's ``_Made`` (the very same one for ranks given the same arguments;
-        #: ``_IN_PIECE`` for a rank whose rows travel in its process's piece).
-        self.made = made
-        #: The pieces of rows, by the first index of the ranks they carry.
-        self.pieces = pieces or {}
-        #: Packs rank ``index``'s own arguments (a rank of a piece sent by itself after all).
-        self.pack = pack
-        #: Whether every rank's is the very same one.
-        self.shared = shared
-        #: Whether no rank has future inputs (every rank may go on a lane).
-        self.plain = plain
-        self.futures = futures
-        #: A blocking call's record (its ranks' futures are ``RankReply``s of it).
-        self.replies = replies
-
-    def message(self, index: int) -> _Message:
-        """Rank ``index``'s own message."""
-        calls = self.calls
-        ref, seq = calls.refs[index], calls.seqs[index]
-        (args, kwargs), inputs, known = self._own(index)
-        msg = self.common.copy()
-        msg["instance"], msg["seq"], msg["key"] = calls.keys[index], seq, self.keys[index]
-        msg["args"], msg["kwargs"] = args, kwargs
-        message = _Message("hf_call", ref.slot, ref, seq, msg, inputs, self.futures[index])
-        message.known = known
-        return message
-
-    def _own(self, index: int) -> _Made:
-        """Rank ``index``'s ``_Made``; packed now for a rank of a piece that travels
-        without it after all (its lane broke, it failed, its batch is not its piece's)."""
-        made = self.made[index]
-        if made is _IN_PIECE:
-            made = self.made[index] = cast(Callable[[int], _Made], self.pack)(index)
-        return made
-
-    def batch_msg(self, indices: Sequence[int]) -> dict:
-        """One lane message for the ranks ``indices`` (of one process); the lane's reader
-        gives each rank its own copy of arguments the batch carries once."""
-        common = self.common
-        return {
-            "op": "calls",
-            "driver": common["driver"],
-            "method": common["method"],
-            "deadline": common["deadline"],
-            **self.batch_parts(indices, share_packed=True),
-        }
-
-    def batch_parts(self, indices: Sequence[int], *, share_packed: bool) -> dict:
-        """What a batch carries of the ranks ``indices``: when every one has the very
-        same arguments (plain ones, unless ``share_packed``), those once and each rank's
-        ``(instance, seq, index)`` (its key made there from the call's first key and its
-        index: see ``KeyRun``), zipped from the columns in C; else each rank's own part."""
-        calls, keys, made = self.calls, self.keys, self.made
-        piece = self.pieces.get(indices[0])
-        if piece is not None and len(indices) == len(piece[1].bounds):
-            return {
-                "args": piece[0].packed[0],
-                "kwargs": piece[0].packed[1],
-                "keys": (keys.head, keys.first),
-                "calls": list(
-                    zip(
-                        map(calls.keys.__getitem__, indices),
-                        map(calls.seqs.__getitem__, indices),
-                        indices,
-                    )
-                ),
-                "rows": piece[1].bounds,
-            }
-        if self.pieces:
-            for index in indices:
-                self._own(index)
-        first = made[indices[0]]
-        if (self.shared or all(made[i] is first for i in indices)) and (
-            share_packed or _travel_plain(first)
-        ):
-            instances = map(calls.keys.__getitem__, indices)
-            return {
-                "args": first.packed[0],
-                "kwargs": first.packed[1],
-                "keys": (keys.head, keys.first),
-                "calls": list(zip(instances, map(calls.seqs.__getitem__, indices), indices)),
-            }
-        return {
-            "calls": [
-                {
-                    "instance": calls.keys[i],
-                    "seq": calls.seqs[i],
-                    "key": keys[i],
-                    "args": made[i].packed[0],
-                    "kwargs": made[i].packed[1],
-                }
-                for i in indices
-            ]
-        }
-
-
-class _Batch:
-    """Several ranks of one call to one worker process, sent and answered as one."""
-
-    __slots__ = ("indices", "parts")
-
-    def __init__(self, parts: _Parts, indices: Sequence[int]) -> None:
-        self.parts, self.indices = parts, indices
-
-    def messages(self) -> list[_Message]:
-        """Each rank's own message (its lane broke: each is handled by itself)."""
-        return [self.parts.message(index) for index in self.indices]
-
-
-class _StreamBatch:
-    """Several ranks of one non-blocking call to one worker process, on its Dask stream
-    as one message (``hf_calls``). Ranks handed the very same plain arguments share them
-    (the message carries them once, and each rank's ``(instance, number, index)``);
-    otherwise each rank's part carries its own, which Dask's comm serializes part by part,
-    so no two ranks read the same objects. Its reply holds each rank's, in order."""
-
-    __slots__ = ("address", "indices", "inputs", "known", "msg", "op", "parts", "ref", "slot")
-
-    def __init__(self, parts: _Parts, indices: Sequence[int], slot: Slot) -> None:
-        self.parts, self.indices, self.slot = parts, indices, slot
-        self.address = slot.address
-        self.op, self.ref, self.inputs, self.known = "hf_calls", None, (), ()
-        # (Dask's comm hands every rank the same objects for what the batch carries once)
-        self.msg = {**parts.common, **parts.batch_parts(indices, share_packed=False)}
-
-    def messages(self) -> list[_Message]:
-        """Each rank's own message (to fail or withdraw each by itself)."""
-        return [self.parts.message(index) for index in self.indices]
-
-    def answers(self, reply: dict | None, error: BaseException | None) -> list[dict | None]:
-        """Each rank's reply: its own, or the batch's when the batch failed as a whole
-        (``None`` each when the stream broke: ``error``)."""
-        count = len(self.indices)
-        if error is not None or reply is None:
-            return [None] * count
-        replies = reply.get("replies")  # (a tuple, as Dask's comm decodes a list)
-        if isinstance(replies, (list, tuple)) and len(replies) == count:
-            return list(replies)
-        if reply.get("status") == "OK":  # good, but not one reply per rank: not ours
-            broken = RuntimeError(f"a batch of {count} ranks was answered with {reply!r}")
-            reply = {"status": "error", "exception": broken}
-        return [reply] * count
-
-
-def _each(message: _Message | _StreamBatch) -> Sequence[_Message]:
-    """The ranks' own messages: a batch's each, or the message itself."""
-    if isinstance(message, _StreamBatch):
-        return message.messages()
-    return (message,)
-
-
-def _travel_plain(made: _Made) -> bool:
-    """Whether a rank's arguments travel as they are (plain values, not packed)."""
-    return not isinstance(made.packed[0], Serialized)
-
-
-class _Shared:
-    """What was made of the last argument objects seen (their packing, input futures),
-    for ranks given the very same ones (``ONE_TO_ALL`` hands every rank the same)."""
-
-    __slots__ = ("args", "kwargs", "made")
-
-    def __init__(self) -> None:
-        self.args: tuple | None = None
-        self.kwargs: dict | None = None
-        self.made: Any = None
-
-    def get(self, args: tuple, kwargs: dict) -> Any:
-        if self.args is None or self.kwargs is None:
-            return None
-        if same_arguments(args, kwargs, self.args, self.kwargs):
-            return self.made
-        return None
-
-    def keep(self, args: tuple, kwargs: dict, made: Any) -> Any:
-        self.args, self.kwargs, self.made = args, kwargs, made
-        return made
-
-
-def _one_part(calls: RankCalls) -> RankCall | None:
-    """The first of ``calls`` when every one has its very same arguments (``ONE_TO_ALL``:
-    the same tuple and dict), else ``None``. (In C: it runs for every rank of a call.)"""
-    if not calls:
-        return None
-    first = calls[0]
-    if calls.shared or (all_are(calls.args, first.args) and all_are(calls.kwargs, first.kwargs)):
-        return first
-    return None
-
-
-def _runs(refs: Sequence[InstanceRef]) -> list[tuple[Slot, range]]:
-    """The ranks ``refs`` as runs of consecutive ranks in one worker process: the slot of
-    each run's first, and the run's indices (a process's ranks are usually consecutive,
-    so a call looks up each process's lane once)."""
-    runs: list[tuple[Slot, range]] = []
-    start, address, worker = 0, None, None
-    slot: Slot | None = None
-    for index, ref in enumerate(refs):
-        here = ref.slot
-        if here.address != address or here.worker_id != worker:
-            if slot is not None:
-                runs.append((slot, range(start, index)))
-            slot, start, address, worker = here, index, here.address, here.worker_id
-    if slot is not None:
-        runs.append((slot, range(start, len(refs))))
-    return runs
-
-
-def _packed_bytes(made: _Made) -> int:
-    """The bytes of a rank's packed arguments the driver sends (none when plain)."""
-    args, kwargs = made.packed
-    if isinstance(args, Serialized):
-        return _frame_bytes(args) + _frame_bytes(kwargs)
-    return 0
-
-
-def _nested_futures(values: Any) -> list[Future]:
-    """Futures inside ``DataProtoFuture`` arguments (a rank resolves those itself)."""
-    found: list[Future] = []
-    for value in values.values() if isinstance(values, dict) else values:
-        if isinstance(value, DataProtoFuture):
-            found += [f for f in (*value.parts, value.pad) if isinstance(f, Future)]
-    return found
 
 
 def _reply_error(reply: dict) -> BaseException | None:
@@ -1192,7 +904,3 @@ def _broke_connection(error: BaseException) -> bool:
             return True
         cause, seen = cause.__cause__ or cause.__context__, seen + 1
     return False
-
-
-def _frame_bytes(packed: Serialized) -> int:
-    return sum(memoryview(frame).nbytes for frame in packed.frames)
