@@ -53,7 +53,7 @@ from ..wire.lane_protocol import is_tls, lane_host
 from ..wire.messages import LaneLimits, pack, plain_call, unpack
 from ..wire.row_pieces import Piece, piece_of, results_of
 from ..wire.snapshot import own_frames
-from .call_parts import (
+from .call_messages import (
     IN_PIECE,
     UNMADE,
     CallParts,
