@@ -8,6 +8,7 @@ as a DataProto, with the same padding rules.
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypeAlias
 
@@ -177,10 +178,8 @@ def cut_from(chunk: Any) -> tuple[DataProto, int, int] | None:
     mark = getattr(chunk, CUT_MARK, None) if type(chunk) is DataProto else None
     if mark is None:
         return None
-    source, start, stop, (batch, non_tensor, meta) = mark
-    if chunk.batch is not batch or chunk.non_tensor_batch is not non_tensor:
-        return None
-    if chunk.meta_info is not meta:
+    source, start, stop, fields = mark
+    if any(map(operator.is_not, (chunk.batch, chunk.non_tensor_batch, chunk.meta_info), fields)):
         return None
     return source, start, stop
 

@@ -137,6 +137,12 @@ class StallWatch:
             self._worst = max(overslept, *stolen)
         return self._worst
 
+    def __enter__(self) -> StallWatch:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self()  # the watch ends with the block
+
 
 def _steal_by_cpu() -> dict[str, float]:
     """Each CPU's steal time so far (seconds; none where ``/proc/stat`` is not there)."""
@@ -152,20 +158,11 @@ def _steal_by_cpu() -> dict[str, float]:
     }
 
 
-@contextlib.contextmanager
-def machine_stalls() -> Iterator[StallWatch]:
-    watch = StallWatch()
-    try:
-        yield watch
-    finally:
-        watch()
-
-
 def test_the_stall_watch_sees_the_machine_stall_and_not_the_test_sleep():
-    with machine_stalls() as stall:
+    with StallWatch() as stall:
         time.sleep(0.3)  # this process idles: the machine does not stall
     assert stall() < 0.2
-    with machine_stalls() as stall, stopped(stall.process.pid):  # as a paused machine would
+    with StallWatch() as stall, stopped(stall.process.pid):  # as a paused machine would
         time.sleep(0.5)
     assert 0.4 < stall() < 5.0
 
@@ -179,7 +176,7 @@ def test_a_call_to_a_stopped_worker_times_out_in_time_and_never_runs_after_it_re
         (pid,) = group.pid()  # and the lane, where there is one, is open
         payload = torch.ones(1 << 19)  # 2 MiB: large enough to be read from this process
         limit = dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"})
-        with stopped(pid), limit, stacks_after(LIMIT_S + 1.0) as stacks, machine_stalls() as stall:
+        with stopped(pid), limit, stacks_after(LIMIT_S + 1.0) as stacks, StallWatch() as stall:
             start = time.monotonic()
             with pytest.raises(hf.CallTimeoutError) as caught:
                 group.record("late", payload)
@@ -238,7 +235,7 @@ def test_getting_a_result_kept_on_a_stopped_worker_is_bounded_by_the_limit(path,
         kept = group.keep(1 << 20)
         group.pid()  # the kept result is there by now (calls run in order)
         limit = dask.config.set({"hybridflow.call-timeout": f"{LIMIT_S}s"})
-        with stopped(pid), limit, machine_stalls() as stall:
+        with stopped(pid), limit, StallWatch() as stall:
             start = time.monotonic()
             with pytest.raises(hf.CallTimeoutError):
                 hf.get(kept)
@@ -256,7 +253,7 @@ def test_a_limit_set_before_the_lane_opened_bounds_a_large_write_to_a_stopped_wo
         group = hf.WorkerGroup(hf.ResourcePool([1]), Journal, backend=backend)
         (pid,) = group.pid()  # the lane opens under the limit
         payload = torch.ones(64 << 18)  # 64 MiB: more than the socket buffers hold
-        with stopped(pid), machine_stalls() as stall:
+        with stopped(pid), StallWatch() as stall:
             start = time.monotonic()
             with pytest.raises(hf.CallTimeoutError):
                 group.record("big", payload)
