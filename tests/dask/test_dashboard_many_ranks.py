@@ -58,7 +58,7 @@ def wait_for(backend: DaskBackend, name: str, seen: Callable[[dict], Any], withi
         group = group_json(backend, name)
         try:
             found = group is not None and seen(group)
-        except KeyError:  # not on the page yet (the workers send their records every 50 ms)
+        except KeyError:  # not on the page yet (the workers send their records every 250 ms)
             found = False
         if found:
             return group
@@ -179,3 +179,20 @@ def test_small_groups_list_every_rank_and_large_ones_fold():
     large = group_view("g", _refs(17, 1), {}, stats)
     assert not small["folded"] and large["folded"]
     assert len(large["ranks"]) == 17 and sum(h["ranks"] for h in large["hosts"]) == 17
+
+
+def test_a_rank_slow_in_a_folded_report_stays_slow_after_one_fast_call():
+    """A worker folds a rank's good calls between two reports into one entry (their count
+    and longest run); that run stands for each call, so one fast call reported later does
+    not outvote three slow ones folded before it."""
+    refs = _refs(32, 16)
+    stats = CallStats()
+    now = time.time()
+    for rank in range(32):
+        run = 0.1 if rank == 20 else 0.0001
+        stats.folded("g", "nap", False, rank, 3, run, when=now)  # the first report
+        stats.folded("g", "nap", False, rank, 1, 0.0001, when=now + 0.25)  # the next
+    view = group_view("g", refs, {r.slot.address: {"pid": 1} for r in refs}, stats, (), now)
+    assert [(a["rank"], a["reasons"]) for a in view["attention"]] == [(20, ["slow"])]
+    assert view["ranks"][20]["slow"]["p50_ms"] == 100.0
+    assert view["ranks"][20]["calls"] == 4

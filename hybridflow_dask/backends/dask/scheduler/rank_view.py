@@ -12,6 +12,7 @@ than the other ranks do (``attention``). The JSON keeps every rank. Pure Python,
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections import deque
 from collections.abc import Iterable, Mapping
@@ -68,14 +69,15 @@ class RankStats:
         when: float | None,
         count: int = 1,
     ) -> None:
-        """``count`` calls of ``method`` ended (the latest with ``error``); ``run`` joins
-        the method's window."""
+        """``count`` calls of ``method`` ended (the latest with ``error``); ``run`` (the
+        longest of them, when a worker folded them) stands for each in the method's window,
+        so the window is the rank's last calls however the worker batched its reports."""
         self.calls += count
         if run is not None:
             window = self.runs.get(method)
             if window is None:
                 window = self.runs[method] = deque(maxlen=RANK_WINDOW)
-            window.append(max(0.0, run))
+            window.extend(itertools.repeat(max(0.0, run), min(count, RANK_WINDOW)))
         if error is None:
             self.failing.pop(method, None)
             return
