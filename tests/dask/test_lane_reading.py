@@ -25,7 +25,9 @@ from hybridflow_dask.backends.dask.driver.lane import Lane, read_replies
 from hybridflow_dask.backends.dask.wire.messages import (
     LEAVE_MIN,
     message_size,
+    plain_message,
     read_message,
+    unpack,
     write_message,
 )
 from hybridflow_dask.backends.dask.worker.lane_server import LaneServer
@@ -203,6 +205,27 @@ def test_message_size_names_the_bytes_write_message_writes():
             del left
 
 
+def test_a_caller_takes_a_message_at_once_only_when_all_of_it_is_in_and_it_has_no_frames():
+    a, b = socket.socketpair()
+    framed = {"id": 1, "result": Serialized(*serialize(torch.ones(10)))}
+    plain = {"id": 2, "result": "ok"}
+    tail, _ = _wire({"id": 3, "result": None})
+    try:
+        b.sendall(_wire(framed)[0] + _wire(plain)[0] + tail[:-1])
+        inbox = Inbox(a)
+        while inbox.receive_now():
+            pass
+        assert inbox.take_plain(1 << 20) is None  # frames follow it: the buffered reader's
+        msg, _ = read_message(inbox)
+        assert torch.equal(unpack(msg["result"]), torch.ones(10))
+        assert inbox.take_plain(10) is None  # more than the caller may take at once
+        assert plain_message(inbox.take_plain(1 << 20)) == plain
+        assert inbox.take_plain(1 << 20) is None and inbox.buffered == len(tail) - 1
+    finally:
+        a.close()
+        b.close()
+
+
 _values = st.dictionaries(
     st.sampled_from(["a", "b", "c"]),
     st.one_of(st.integers(), st.text(max_size=50), st.binary(max_size=200_000)),
@@ -239,6 +262,9 @@ def test_the_inbox_reads_the_same_messages_whoever_reads_each_and_however_they_a
         while len(got) < len(messages):
             size = inbox.next_size()
             as_caller = choose.random() < 0.5 and (size is None or size <= inbox.capacity)
+            if as_caller and (body := inbox.take_plain(1 << 30)) is not None:  # whole
+                got.append(plain_message(body))
+                continue
             if as_caller and (size is None or size > inbox.buffered):  # take in, never wait
                 inbox.receive_now()
                 time.sleep(0.0002)

@@ -14,7 +14,7 @@ import socket
 from typing import Any
 
 from ..wire.lane_protocol import BUFFER
-from ..wire.messages import message_size
+from ..wire.messages import PLAIN_HEAD, message_size, plain_size
 
 __all__ = ["Inbox"]
 
@@ -66,6 +66,18 @@ class Inbox:
             return self._receive(socket.MSG_DONTWAIT)
         except BlockingIOError:
             return None
+
+    def take_plain(self, most: int) -> bytes | None:
+        """The next message's pickled fields, taken, when all of it is in, it carries no
+        frames and its fields are at most ``most`` bytes (``plain_message`` reads them);
+        else ``None``, and nothing is taken. (A caller's way through most replies: one
+        call instead of a buffered reader's several.)"""
+        size = plain_size(self._buffer, self._start, self._end)
+        if size is None or size > most:
+            return None
+        begin = self._start + PLAIN_HEAD
+        self._start = begin + size
+        return bytes(self._view[begin : self._start])
 
     def next_size(self) -> int | None:
         """The size of the next message, once its header is in (see ``message_size``)."""

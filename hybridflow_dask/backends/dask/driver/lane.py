@@ -62,7 +62,7 @@ from ..wire.lane_protocol import (
     connect,
     open_as_driver,
 )
-from ..wire.messages import LaneLimits, read_message, write_message
+from ..wire.messages import LaneLimits, plain_message, read_message, write_message
 from ..wire.tls import TLSChannel
 from .inbox import Inbox
 
@@ -122,6 +122,9 @@ class Lane:
         bound_sends(self._sock, send_timeout)
         self._on_reply, self._on_broken = on_reply, on_broken
         self._limits = limits or LaneLimits()
+        #: The largest message without frames a caller reads at once (a larger one goes
+        #: through ``read_message``, which refuses it).
+        self._plain_most = min(self._limits.max_meta_bytes, self._limits.max_message_bytes)
         #: Replies copied out of the worker's memory, to release: the reader never writes.
         self._releases: queue.SimpleQueue[int | None] = queue.SimpleQueue()
         self._ids = itertools.count()
@@ -226,6 +229,11 @@ class Lane:
     def _read_one(self) -> None:
         """The next reply from the inbox (waiting for it, if it is not all in), handed on."""
         reply, copied = read_message(self._inbox, self._pull_from, self._limits)
+        self._hand_on(reply, copied)
+
+    def _hand_on(self, reply: dict, copied: bool) -> None:
+        """``reply`` to whoever waits for it; ``copied``: some frame of it was copied out
+        of the worker's memory."""
         ident = reply.pop("id")
         if copied:  # the worker may drop them now
             self._releases.put(ident)
@@ -238,18 +246,26 @@ class Lane:
         """(A caller holding the reading.) What the socket holds now taken in, and every
         whole reply in the inbox handed on. ``False`` when the caller cannot go on: the
         lane ended, or the next reply is too large for the inbox (the reader thread's)."""
+        inbox = self._inbox
         try:
             while True:
-                got = self._inbox.receive_now()
+                got = inbox.receive_now()
                 if got == 0:
                     raise EOFError("the lane ended")
-                while (size := self._inbox.next_size()) is not None:
-                    if size > self._inbox.capacity:
+                while True:
+                    body = inbox.take_plain(self._plain_most)
+                    if body is not None:
+                        self._hand_on(plain_message(body), False)
+                        continue
+                    size = inbox.next_size()  # a message with frames, or not all in yet
+                    if size is None:
+                        break
+                    if size > inbox.capacity:
                         return False
-                    if size > self._inbox.buffered:
+                    if size > inbox.buffered:
                         break
                     self._read_one()
-                if got is None or not self._inbox.at_end:
+                if got is None or not inbox.at_end:
                     return True  # it took in all there was
         except (EOFError, OSError):
             pass

@@ -29,6 +29,7 @@ logger = logging.getLogger(__name__)
 
 __all__ = [
     "LEAVE_MIN",
+    "PLAIN_HEAD",
     "Framed",
     "LaneLimits",
     "is_plain",
@@ -37,6 +38,8 @@ __all__ = [
     "own_framed",
     "pack",
     "plain_call",
+    "plain_message",
+    "plain_size",
     "read_message",
     "unpack",
     "write_message",
@@ -230,6 +233,38 @@ class LaneLimits:
         )
 
 
+def plain_size(buffer: Any, start: int, end: int) -> int | None:
+    """The size of the pickled fields of the message at ``buffer[start:end]``, when all of
+    it is there and it carries no frames (a reply with a small result: most replies);
+    else ``None``. Those fields begin ``PLAIN_HEAD`` bytes after ``start``."""
+    if end - start < _HEAD.size:
+        return None
+    body_size, count = _HEAD.unpack_from(buffer, start)
+    if count or end - start - _HEAD.size < body_size:
+        return None
+    return int(body_size)
+
+
+#: Where a message's pickled fields begin.
+PLAIN_HEAD = _HEAD.size
+
+
+def plain_message(body: bytes) -> dict:
+    """A message that carries no frames, from its pickled fields: what ``read_message``
+    returns for it (its ``Framed`` values, serialized into no frames, given none)."""
+    msg = pickle.loads(body)
+    if not isinstance(msg, dict):
+        raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
+    if _FRAMED_NAME in body:  # (a pickle names the class of every object it holds)
+        framed = _framed_values(msg)
+        declared = sum(value.count for value in framed)
+        if declared:
+            raise ProtocolError(f"a message carries 0 frames but its values name {declared}")
+        for value in framed:
+            value.frames = []
+    return msg
+
+
 def message_size(head: Any) -> int | None:
     """How many bytes the message that starts with ``head`` takes on the wire: a lower
     bound while ``head`` lacks some of its frame lengths, ``None`` while it lacks the
@@ -294,14 +329,11 @@ def read_message(
             f"{limits.max_message_bytes})"
         )
     body = _read_fields(stream, body_size)
+    if not count:
+        return plain_message(body), False
     msg = pickle.loads(body)
     if not isinstance(msg, dict):
         raise ProtocolError(f"a message is a {type(msg).__name__}, not a dict")
-    if not count and body_size < _JOIN_MAX and _FRAMED_NAME not in body:
-        # No frames, and no Framed value in it (a pickle names the class of every object
-        # it holds; ``body``, this small, is bytes or a bytearray): nothing to match up,
-        # and a batch's replies need no walk.
-        return msg, False
     declared = sum(v.count for v in _framed_values(msg))
     if declared != count:
         raise ProtocolError(f"a message carries {count} frames but its values name {declared}")
