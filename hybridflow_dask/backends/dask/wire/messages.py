@@ -111,6 +111,8 @@ def _encodes(text: str) -> bool:
 # its address there, for the reader to copy itself (``same_host``).
 
 _HEAD = struct.Struct("!QI")
+#: Where a message's pickled fields begin when it carries no frames.
+PLAIN_HEAD = _HEAD.size
 _ADDRESS = struct.Struct("!Q")
 _LEFT = 1 << 63
 #: Messages up to this size are joined into one write (one system call, one TCP segment).
@@ -243,10 +245,6 @@ def plain_size(buffer: Any, start: int, end: int) -> int | None:
     if count or end - start - _HEAD.size < body_size:
         return None
     return int(body_size)
-
-
-#: Where a message's pickled fields begin.
-PLAIN_HEAD = _HEAD.size
 
 
 def plain_message(body: bytes) -> dict:
