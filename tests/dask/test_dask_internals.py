@@ -2,12 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import dask
+import torch
 from distributed import Client, get_client
+from distributed.protocol import dumps, loads, to_serialize
+from distributed.protocol.serialize import Serialized
 
-from hybridflow_dask.backends.dask.internals import adopt_future, workers_of
+from hybridflow_dask.backends.dask.internals import adopt_future, load_serialized, workers_of
+from hybridflow_dask.backends.dask.wire.messages import pack
 
 
 class Box:
@@ -378,3 +383,25 @@ def test_released_futures_are_forgotten_in_one_batch_and_kept_keys_by_the_schedu
     assert not set(client.futures) & set(futures), "the client still holds their states"
     assert not client.run_on_scheduler(scheduler_knows), "the scheduler kept the released key"
     assert futures[kept].status == "cancelled"  # Dask's own release marks it so too
+
+
+def test_a_message_read_with_its_values_serialized_loads_as_the_comm_would_have():
+    """``read_serialized`` leaves a comm's values as ``Serialized``; ``load_serialized``
+    decodes them as the comm would have: what the driver packs, and Dask's own split
+    frames (a small shard here), off the loop past the offload threshold."""
+    small, large = torch.arange(5000), torch.ones(3 << 20)  # 12 MiB: offloaded
+    msg = {
+        "op": "hf_calls",
+        "args": pack((small,), "args"),
+        "calls": ({"kwargs": pack({"x": "y"}, "kwargs")}, ("instance", 1, 0)),
+        "split": to_serialize(large),
+        "plain": (1, "two", None),
+    }
+    with dask.config.set({"distributed.comm.shard": "64 KiB"}):
+        frames = dumps(msg)
+    raw = loads(frames, deserialize=False)
+    assert type(raw["args"]) is Serialized and type(raw["calls"][0]["kwargs"]) is Serialized
+    got = asyncio.run(load_serialized(raw))
+    assert torch.equal(got["args"][0], small) and torch.equal(got["split"], large)
+    assert got["calls"] == ({"kwargs": {"x": "y"}}, ("instance", 1, 0))
+    assert got["plain"] == (1, "two", None)

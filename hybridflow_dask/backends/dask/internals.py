@@ -8,7 +8,9 @@ computed yet whose outcome we set ourselves (the client's ``FutureState``), and 
 key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
 needs a future that travelled inside an argument to work in the worker's client
 (``Client._send_to_scheduler``). Released futures of calls are forgotten by the client
-in batches (``Releases``: the client's reference counts). The driver's own streams and,
+in batches (``Releases``: the client's reference counts). A worker reads a driver's stream with
+its values still serialized, so that one it cannot load fails its own message, not the
+stream (``read_serialized``, ``load_serialized``). The driver's own streams and,
 on a cluster it starts, the scheduler's keep shorter logs of recent messages
 (``cap_message_log``). On the scheduler, the dashboard page reads the published
 datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
@@ -37,9 +39,12 @@ from typing import Any
 
 import dask.config
 from distributed import Future, Nanny
+from distributed.comm.utils import OFFLOAD_THRESHOLD
 from distributed.deploy.cluster import Cluster
 from distributed.diagnostics.task_stream import TaskStreamPlugin
-from distributed.utils import get_mp_context
+from distributed.protocol.compression import decompress
+from distributed.protocol.serialize import Serialized, merge_and_deserialize
+from distributed.utils import get_mp_context, nbytes, offload
 from distributed.worker import _worker_cvar, get_data_from_worker
 
 __all__ = [
@@ -56,10 +61,12 @@ __all__ = [
     "finish_future",
     "future_state",
     "keep_task_stream",
+    "load_serialized",
     "owned_cluster_class",
     "pending_future",
     "published_datasets",
     "published_value",
+    "read_serialized",
     "record_finished_task",
     "register_keys",
     "reset_comm",
@@ -479,6 +486,62 @@ async def register_keys(worker: Any, nbytes: dict[str, int], client_id: str) -> 
     await worker.scheduler.update_data(
         who_has={key: [worker.address] for key in nbytes}, nbytes=nbytes, client=client_id
     )
+
+
+def read_serialized(comm: Any) -> None:
+    """Have ``comm`` hand over its messages' serialized values as ``Serialized`` (header
+    and frames) for ``load_serialized``: by default a comm deserializes every value of a
+    batch as it reads it, and one it cannot load (its class's module missing in this
+    process) fails the whole read, every message of the batch with it."""
+    comm.deserialize = False
+
+
+async def load_serialized(msg: dict) -> dict:
+    """``msg``, read by a comm given to ``read_serialized``, as that comm would have
+    decoded it: its ``Serialized`` values (at any depth of dicts, tuples and lists)
+    decompressed, merged and deserialized; off the event loop past Dask's
+    ``distributed.comm.offload`` bytes, as the comm does. A value that cannot be loaded
+    raises here, for this message alone."""
+    found: list[Serialized] = []
+
+    def seen(value: Serialized) -> Serialized:
+        found.append(value)
+        return value
+
+    _with_serialized(msg, seen)
+    if not found:
+        return msg
+    size = sum(nbytes(frame) for value in found for frame in value.frames)
+    if OFFLOAD_THRESHOLD and size > OFFLOAD_THRESHOLD:
+        return await offload(_with_serialized, msg, _deserialized)
+    return _with_serialized(msg, _deserialized)
+
+
+def _deserialized(value: Serialized) -> Any:
+    frames = value.frames
+    if "compression" in value.header:
+        frames = decompress(value.header, frames)
+    return merge_and_deserialize(value.header, frames)
+
+
+_NESTED = (Serialized, dict, tuple, list)
+
+
+def _with_serialized(value: Any, load: Callable[[Serialized], Any]) -> Any:
+    """``value`` with each ``Serialized`` in it replaced by ``load(it)`` (dicts in place,
+    tuples and lists remade only when something in them changed)."""
+    kind = type(value)
+    if kind is Serialized:
+        return load(value)
+    if kind is dict:
+        for key, item in value.items():
+            if type(item) in _NESTED:
+                value[key] = _with_serialized(item, load)
+    elif (kind is tuple or kind is list) and any(type(item) in _NESTED for item in value):
+        items = [_with_serialized(item, load) for item in value]
+        if any(new is not old for new, old in zip(items, value)):
+            return kind(items)
+    return value
 
 
 async def fetch_keys(

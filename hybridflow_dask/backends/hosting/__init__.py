@@ -12,7 +12,7 @@ from __future__ import annotations
 from .actor import MAX_CONCURRENCY, Actor, release_device_memory
 from .copies import CopyPolicy, PickleCopy
 from .environment import EnvGate, EnvSwitch
-from .failures import annotate_error, explain_init_error, sendable
+from .failures import annotate_error, explain_init_error, explain_load_error, sendable
 from .inline import InstanceTable
 from .jobs import Construct, Invoke
 from .ports import find_free_port
@@ -35,6 +35,7 @@ __all__ = [
     "Resolved",
     "annotate_error",
     "explain_init_error",
+    "explain_load_error",
     "find_free_port",
     "release_device_memory",
     "sendable",

@@ -8,7 +8,7 @@ import pickle
 from ..base import InstanceRef
 from .tracebacks import remote_traceback
 
-__all__ = ["annotate_error", "explain_init_error", "sendable"]
+__all__ = ["annotate_error", "explain_init_error", "explain_load_error", "sendable"]
 
 _INIT_TWICE = "default process group twice"
 
@@ -43,6 +43,18 @@ def sendable(exc: BaseException) -> BaseException:
         if hasattr(stand_in, "add_note"):  # Python 3.11+
             stand_in.add_note(f"(sent as a RuntimeError: the original cannot be pickled: {why!r})")
         return stand_in
+    return exc
+
+
+def explain_load_error(exc: BaseException, worker: str, what: str) -> BaseException:
+    """Say on ``exc``, raised as worker ``worker`` loaded ``what`` the driver sent, what
+    that process lacks: most often a module only the driver has (a worker started apart
+    from the driver, with another environment or working directory)."""
+    if hasattr(exc, "add_note"):  # Python 3.11+
+        exc.add_note(
+            f"raised by worker {worker} loading {what} from the driver: the worker's "
+            "process must import every module those come from, as the driver does"
+        )
     return exc
 
 

@@ -73,7 +73,9 @@ class TaskPath:
         return self.submit(
             create_instance,
             ref,
-            cls,
+            # (captured: a class the worker cannot load fails this task, where Dask would
+            # fail the worker's whole connection to the scheduler reading it)
+            Captured(cls, f"worker class {getattr(cls, '__name__', cls)!r}"),
             self._ship(args, ref, what),
             self._ship(kwargs, ref, what),
             env,

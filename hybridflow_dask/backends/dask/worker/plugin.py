@@ -39,9 +39,25 @@ from distributed.protocol.serialize import Serialized
 from ....protocol import DataProto
 from ....protocol.lazy_tensordict import import_now, imported
 from ...base import InstanceRef
-from ...hosting import Actor, Call, Instances, Resolved, find_free_port, sendable
+from ...hosting import (
+    Actor,
+    Call,
+    Instances,
+    Resolved,
+    explain_load_error,
+    find_free_port,
+    sendable,
+)
 from ..config import apply_buffer_cache, ensure_defaults, freeze_gc
-from ..internals import add_handlers, dont_reply, enter_worker, fetch_keys, register_keys
+from ..internals import (
+    add_handlers,
+    dont_reply,
+    enter_worker,
+    fetch_keys,
+    load_serialized,
+    read_serialized,
+    register_keys,
+)
 from ..wire import serialization  # noqa: F401  (workers decode tensors and DataProtos with it)
 from ..wire.keys import InputKey, key_of, swap_inputs
 from ..wire.lane_protocol import is_tls, lane_host
@@ -245,9 +261,17 @@ class InstancesPlugin(WorkerPlugin):
             ident = msg.pop("id")
             op = msg.pop("op")
             try:
-                reply = await self._ops[op](**msg)
-            except Exception as exc:  # a bug on our side: the caller still gets an answer
+                msg = await load_serialized(msg)
+            except Exception as exc:  # its class's module is missing here, say
+                explain_load_error(exc, self.worker.address, f"a message ({op})")
+                for call in _calls_in(op, msg):  # never reach their instances: later
+                    self.instances.withdraw(call.instance, call.driver, call.seq)  # go ahead
                 reply = _error_reply(exc)
+            else:
+                try:
+                    reply = await self._ops[op](**msg)
+                except Exception as exc:  # a bug on our side: the caller still gets an answer
+                    reply = _error_reply(exc)
             reply["id"] = ident
             outbox.append(reply)
             ready.set()
@@ -261,6 +285,7 @@ class InstancesPlugin(WorkerPlugin):
                 await comm.write(batch)
 
         writer = asyncio.ensure_future(write())
+        read_serialized(comm)
         try:
             while True:
                 try:
@@ -570,6 +595,16 @@ def _call_of(part: dict | tuple, msg: dict, result: Literal["now", "later", "kep
         deadline=msg.get("deadline"),
         key=key,
     )
+
+
+def _calls_in(op: str, msg: dict) -> list[Call]:
+    """The calls a stream message carries, each numbered on its instance (none but in a
+    call's or a batch's message)."""
+    if op == "hf_call":
+        return [Call(msg["instance"], msg["driver"], msg["seq"], msg["method"], (), {})]
+    if op == "hf_calls":
+        return [_call_of(part, msg, "later") for part in msg["calls"]]
+    return []
 
 
 def _unpacked(args: Any, kwargs: Any) -> Resolved:

@@ -15,7 +15,7 @@ from distributed import Future, get_client, get_worker, rejoin, secede
 
 from ....protocol.lazy_tensordict import import_now
 from ...base import InstanceRef
-from ...hosting import Call, Instances, find_free_port
+from ...hosting import Call, Instances, explain_load_error, find_free_port
 from ..internals import adopt_future
 from ..wire.keys import task_key
 from ..wire.snapshot import Captured
@@ -71,11 +71,15 @@ def _task_key() -> str:
 
 
 def create_instance(
-    ref: InstanceRef, cls: type, args: tuple, kwargs: dict, env: dict, driver: str, seq: int
+    ref: InstanceRef, cls: Captured, args: tuple, kwargs: dict, env: dict, driver: str, seq: int
 ) -> None:
     """Build the instance (in its own actor thread) with the rank's environment."""
+    try:
+        (opened,) = Captured.opened((cls,))
+    except Exception as exc:
+        raise explain_load_error(exc, get_worker().address, "the worker class") from None
     call = Call(ref.key, driver, seq, "__init__", args, kwargs, key=_task_key(), path="task")
-    _await_off_pool(_instances().construct_now(ref, cls, env, call, _opened(())))
+    _await_off_pool(_instances().construct_now(ref, opened, env, call, _opened(())))
 
 
 def run_call(
