@@ -252,6 +252,8 @@ class InstancesPlugin(WorkerPlugin):
 
         One long-lived connection per driver and worker carries every message, each with
         an ``id`` its reply repeats; replies are written as they are ready, many per write.
+        Each message's serialized values are loaded by themselves: one this process
+        cannot load fails that message alone (its calls withdrawn, so later ones go on).
         """
         outbox: list[dict] = []
         ready = asyncio.Event()
