@@ -83,8 +83,9 @@ def test_an_argument_a_worker_cannot_load_fails_its_own_call_and_the_next_calls_
         group = hf.WorkerGroup(hf.ResourcePool([2]), Echo, backend=backend)
         call = group.kind if blocking else (lambda value=None: hf.get(group.kind_later(value)))
         earlier = [group.kind_later(i) for i in range(3)]  # queued on the same connections
-        with pytest.raises(ModuleNotFoundError, match=MODULE):
+        with pytest.raises(ModuleNotFoundError, match=MODULE) as raised:
             call(driver_only.Payload(7))
+        assert any(NEEDS in note for note in getattr(raised.value, "__notes__", []))
         after = group.kind_later(2.5)
         assert [hf.get(f) for f in earlier] == [["int", "int"]] * 3
         assert hf.get(after) == ["float", "float"]

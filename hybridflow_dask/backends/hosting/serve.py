@@ -10,7 +10,8 @@ only here:
 2. **deadline**: a call whose driver's ``call-timeout`` passed is refused before anything
    of it is read, so a driver that reported it failed may reuse its memory;
 3. **inputs**: the transport resolves them (``resolve``); if that fails, the call gives
-   up its turn so later calls go ahead, and fails;
+   up its turn so later calls go ahead, and fails (saying so when its arguments name a
+   module this process cannot import);
 4. **copies**: an input that is the very object another instance in this process keeps
    (a colocated producer's result) is copied, unless the driver chose to share them; a
    result that outlives the method's return (``Call.result``) is copied as it returns;
@@ -38,7 +39,7 @@ from .actor import Actor, Done, FutureOutcome
 from .copies import CopyPolicy
 from .cpu_share import CpuShare, current_cpu
 from .environment import EnvGate
-from .failures import sendable
+from .failures import explain_load_error, sendable
 from .jobs import Construct, Invoke, Record
 
 __all__ = ["Call", "CallLog", "Instances", "NoLog", "Resolved"]
@@ -220,7 +221,7 @@ class Instances:
         try:
             resolved = await resolve(call.args, call.kwargs)
         except BaseException as exc:
-            raise self._unbuilt(ref, record, exc) from None
+            raise self._unbuilt(ref, record, _unreadable(exc, ref, call)) from None
         await asyncio.wrap_future(self._build(actor, cls, call, record, resolved))
 
     def construct_now(
@@ -239,7 +240,7 @@ class Instances:
             resolved = resolve(call.args, call.kwargs)
         except BaseException as exc:
             failed: concurrent.futures.Future = concurrent.futures.Future()
-            failed.set_exception(self._unbuilt(ref, record, exc))
+            failed.set_exception(self._unbuilt(ref, record, _unreadable(exc, ref, call)))
             return failed
         return self._build(actor, cls, call, record, resolved)
 
@@ -376,6 +377,7 @@ class Instances:
     def _refused(self, actor: Actor, call: Call, record: Any, exc: BaseException) -> BaseException:
         """The call will never run: its turn passes, so later calls go ahead."""
         actor.skip(call.driver, call.seq)
+        exc = _unreadable(exc, actor.ref, call)
         self.log.end(record, exc)
         return sendable(exc)
 
@@ -387,3 +389,11 @@ class Instances:
         return Invoke(
             call.method, args, kwargs, copy=self.copy if snapshot else None, record=record
         )
+
+
+def _unreadable(exc: BaseException, ref: InstanceRef, call: Call) -> BaseException:
+    """``exc``, raised before ``call`` ran (reading its arguments, or its deadline):
+    explained when those arguments name a module this process cannot import."""
+    if isinstance(exc, ImportError):
+        explain_load_error(exc, ref.slot.address, f"the arguments of {ref.group}.{call.method}")
+    return exc
