@@ -8,10 +8,10 @@ computed yet whose outcome we set ourselves (the client's ``FutureState``), and 
 key from the worker that holds it (``get_data_from_worker``). ``materialize_futures=False``
 needs a future that travelled inside an argument to work in the worker's client
 (``Client._send_to_scheduler``). Released futures of calls are forgotten by the client
-in batches (``Releases``: the client's reference counts). A worker reads a driver's stream with
-its values still serialized, so that one it cannot load fails its own message, not the
-stream (``read_serialized``, ``load_serialized``). The driver's own streams and,
-on a cluster it starts, the scheduler's keep shorter logs of recent messages
+in batches (``Releases``: the client's reference counts). A worker reads a driver's
+stream with its values still serialized, so that one it cannot load fails its own
+message, not the stream (``read_serialized``, ``load_serialized``). The driver's own
+streams and, on a cluster it starts, the scheduler's keep shorter logs of recent messages
 (``cap_message_log``). On the scheduler, the dashboard page reads the published
 datasets, draws calls in Dask's task stream and adds a tab to Dask's navigation bar; an
 owned cluster overrides two ``SpecCluster`` methods, and its nannies start their worker
